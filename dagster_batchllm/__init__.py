@@ -1,0 +1,65 @@
+"""dagster-batchllm: batch LLM inference over tables, as Dagster assets.
+
+The Dagster-facing names are imported lazily, so ``import dagster_batchllm.client`` (as Spark
+executors and subprocesses do) does not pay for importing dagster.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "BatchInferenceResource": "dagster_batchllm.resource",
+    "Endpoint": "dagster_batchllm.resource",
+    "ModelPrice": "dagster_batchllm.resource",
+    "InferenceClient": "dagster_batchllm.client",
+    "InferenceResult": "dagster_batchllm.results",
+    "InferenceStats": "dagster_batchllm.results",
+    "InferenceEstimate": "dagster_batchllm.results",
+    "EndpointSpec": "dagster_batchllm.settings",
+    "InferenceSettings": "dagster_batchllm.settings",
+    "Ledger": "dagster_batchllm.ledger",
+    "BatchLLMError": "dagster_batchllm.errors",
+    "InferenceConfigError": "dagster_batchllm.errors",
+    "ErrorType": "dagster_batchllm.errors",
+}
+
+__all__ = [
+    "BatchInferenceResource",
+    "BatchLLMError",
+    "Endpoint",
+    "EndpointSpec",
+    "ErrorType",
+    "InferenceClient",
+    "InferenceConfigError",
+    "InferenceEstimate",
+    "InferenceResult",
+    "InferenceSettings",
+    "InferenceStats",
+    "Ledger",
+    "ModelPrice",
+]
+
+if TYPE_CHECKING:
+    from .client import InferenceClient
+    from .errors import BatchLLMError, ErrorType, InferenceConfigError
+    from .ledger import Ledger
+    from .resource import BatchInferenceResource, Endpoint, ModelPrice
+    from .results import InferenceEstimate, InferenceResult, InferenceStats
+    from .settings import EndpointSpec, InferenceSettings
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dagster_batchllm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,418 @@
+"""One inference run: rows in, bounded concurrent requests, outcomes out in input order.
+
+The run keeps a fixed number of worker coroutines (about twice what the endpoints can take at
+once), fed by a producer that renders the input chunk by chunk. So memory does not grow with the
+number of rows beyond the output columns themselves, and a 1M-row table never has 1M coroutines.
+
+Every row ends in exactly one state: ok (answered, possibly from the ledger or by an identical
+row of the same call), failed (with a typed reason) or deferred (a token budget ran out before it
+was sent). The run checks this before it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from array import array
+from typing import Any
+
+from .budget import TokenBudget
+from .errors import (
+    ContextLengthExceededError,
+    EndpointError,
+    RowError,
+    StructuredOutputError,
+    UnsupportedModelError,
+)
+from .ledger import DEFERRED, FAILED, OK, Ledger
+from .pool import EndpointPool
+from .prompts import PromptSpec, RowRequest, iter_row_requests
+from .results import InferenceStats
+from .retries import retrying
+from .settings import InferenceSettings
+from .transport import Transport, make_transport
+
+PENDING, ROW_OK, ROW_CACHED, ROW_FAILED, ROW_DEFERRED = 0, 1, 2, 3, 4
+_MAX_WORKERS = 8192
+
+log = logging.getLogger("dagster_batchllm")
+
+
+class KeyState:
+    """One distinct request of the run and the rows that share its answer."""
+
+    __slots__ = ("request", "rows")
+
+    def __init__(self, request: RowRequest, row: int):
+        self.request = request
+        self.rows = [row]
+
+
+class InferenceRun:
+    def __init__(
+        self,
+        settings: InferenceSettings,
+        spec: PromptSpec,
+        inputs: Any,  # a pandas DataFrame holding exactly spec.input_columns()
+        *,
+        pool: EndpointPool,
+        ledger: Ledger,
+        token_budget: int | None,
+        partition_key: str | None,
+        run_id: str | None,
+        logger: Any = None,
+        transport: Transport | None = None,
+    ):
+        self.settings = settings
+        self.spec = spec
+        self.inputs = inputs
+        self.pool = pool
+        self.ledger = ledger
+        self.budget = TokenBudget(token_budget) if token_budget is not None else None
+        self.partition_key = partition_key or ""
+        self.run_id = run_id
+        self.log = logger or log
+        self.transport = transport or make_transport(
+            settings.http_client, timeout_s=settings.request_timeout_s
+        )
+        n = len(inputs)
+        self.outputs: list[Any] = [None] * n
+        self.errors: list[str | None] = [None] * n
+        self.row_status = bytearray(n)
+        self.stats = InferenceStats(rows=n)
+        self._latencies = array("d")
+        self._inflight: dict[str, KeyState] = {}
+        self._settled_not_ok: dict[str, tuple[int, str | None, str | None]] = {}
+        self._buffer: list[dict[str, Any]] = []
+        self._buffer_keys: list[str] = []
+        self._flush_now = asyncio.Event()
+        self._done_rows = 0
+        self._started = 0.0
+        self._context_limits = self._context_limits_by_model()
+
+    # -- the run -----------------------------------------------------------------------------
+    async def run(self) -> InferenceStats:
+        self._started = time.perf_counter()
+        workers_n = max(1, min(_MAX_WORKERS, 2 * self.pool.capacity()))
+        queue: asyncio.Queue[KeyState | None] = asyncio.Queue(maxsize=workers_n)
+        await self.transport.open(self.settings.endpoints)
+        flusher = asyncio.create_task(self._flush_loop())
+        progress = asyncio.create_task(self._progress_loop())
+        workers = [asyncio.create_task(self._worker(queue)) for _ in range(workers_n)]
+        try:
+            await self._produce(queue, workers_n)
+            await asyncio.gather(*workers)
+        finally:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            progress.cancel()
+            flusher.cancel()
+            await asyncio.gather(progress, flusher, return_exceptions=True)
+            await asyncio.shield(asyncio.to_thread(self._flush_sync))
+            await self.transport.close()
+        self._finish_stats()
+        return self.stats
+
+    async def _produce(self, queue: asyncio.Queue, workers_n: int) -> None:
+        chunk_rows = self.settings.chunk_rows
+        for start in range(0, len(self.inputs), chunk_rows):
+            chunk = self.inputs.iloc[start:start + chunk_rows]
+            rows = chunk.itertuples(index=False, name=None)
+            fresh: dict[str, KeyState] = {}
+            items = iter_row_requests(rows, self.spec,
+                                      default_max_tokens=self.settings.default_max_tokens)
+            for offset, item in enumerate(items):
+                row = start + offset
+                if isinstance(item, RowError):
+                    self._finish_rows([row], ROW_FAILED, error=item.as_cell(),
+                                      error_type=item.error_type.value)
+                    continue
+                problem = self._precheck(item)
+                if problem is not None:
+                    self._finish_rows([row], ROW_FAILED, error=problem.as_cell(),
+                                      error_type=problem.error_type.value)
+                    continue
+                state = self._inflight.get(item.key) or fresh.get(item.key)
+                if state is not None:
+                    state.rows.append(row)
+                    self.stats.deduplicated += 1
+                    continue
+                settled = self._settled_not_ok.get(item.key)
+                if settled is not None:
+                    self.stats.deduplicated += 1
+                    self._finish_rows([row], settled[0], error=settled[1], error_type=settled[2])
+                    continue
+                fresh[item.key] = KeyState(item, row)
+            if fresh:
+                hits = await asyncio.to_thread(self.ledger.lookup_ok, list(fresh),
+                                               self.partition_key)
+                for key, hit in hits.items():
+                    if self._answer_from_ledger(fresh[key], hit):
+                        del fresh[key]
+            for key, state in fresh.items():
+                self._inflight[key] = state
+                await queue.put(state)
+        for _ in range(workers_n):
+            await queue.put(None)
+
+    def _precheck(self, request: RowRequest) -> RowError | None:
+        if not self.pool.serves(request.model):
+            return UnsupportedModelError(f"no configured endpoint serves model '{request.model}'")
+        limit = self._context_limits.get(request.model)
+        if limit is not None and request.typical_prompt_tokens + request.max_tokens > limit:
+            return ContextLengthExceededError(
+                f"the prompt (~{request.typical_prompt_tokens} tokens) plus max_tokens "
+                f"({request.max_tokens}) exceeds the {limit}-token context of '{request.model}'"
+            )
+        return None
+
+    def _context_limits_by_model(self) -> dict[str, int]:
+        limits: dict[str, int] = {}
+        for model in self.settings.models:
+            windows = [e.max_context_tokens for e in self.settings.endpoints if model in e.models]
+            if windows and all(w is not None for w in windows):
+                limits[model] = max(windows)
+        return limits
+
+    async def _worker(self, queue: asyncio.Queue) -> None:
+        while (state := await queue.get()) is not None:
+            try:
+                await self._process(state)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug must not take the other rows down with it
+                self.log.exception("batchllm: internal error while processing a request")
+                self._settle(state, FAILED, error=f"internal_error: {type(exc).__name__}: {exc}",
+                             error_type="internal_error")
+
+    async def _process(self, state: KeyState) -> None:
+        request = state.request
+        reserve = request.reserve_tokens
+        if self.budget is not None:
+            while not self.budget.try_reserve(reserve):
+                if self.budget.reserved == 0:
+                    self._settle(state, DEFERRED, error=(
+                        f"deferred: the token budget ({self.budget.total}) has "
+                        f"{self.budget.remaining} tokens left, this request may need {reserve}; "
+                        "a later call will send it"), error_type="deferred")
+                    return
+                await self.budget.wait_for_settlement()
+        attempts = 0
+        spent = 0
+        endpoint_name = None
+        completion = None
+        try:
+            async for attempt in retrying(
+                max_attempts=self.settings.max_attempts,
+                initial_backoff_s=self.settings.retry_initial_backoff_s,
+                max_backoff_s=self.settings.retry_max_backoff_s,
+                max_retry_after_s=self.settings.max_retry_after_s,
+            ):
+                with attempt:
+                    attempts += 1
+                    lease = await self.pool.acquire(request.model, reserve)
+                    endpoint_name = lease.endpoint.spec.name
+                    self.stats.requests += 1
+                    try:
+                        completion = await self.transport.send(lease.endpoint.spec, request)
+                    except EndpointError as exc:
+                        self.pool.release(lease, success=False,
+                                          unhealthy=exc.counts_against_endpoint,
+                                          actual_tokens=None)
+                        raise
+                    except BaseException:
+                        self.pool.release(lease, success=False, unhealthy=True,
+                                          actual_tokens=None)
+                        raise
+                    used = (completion.prompt_tokens + completion.completion_tokens
+                            if completion.usage_reported else reserve)
+                    spent += used
+                    self.pool.release(lease, success=True, unhealthy=False, actual_tokens=used)
+        except RowError as exc:
+            self._settle(state, FAILED, error=exc.as_cell(), error_type=exc.error_type.value,
+                         attempts=attempts, endpoint=endpoint_name)
+            return
+        finally:
+            self.stats.retries += max(0, attempts - 1)
+            if self.budget is not None:
+                self.budget.settle(reserve, spent)
+        self._latencies.append(completion.latency_s)
+        self._add_tokens(request.model, completion.prompt_tokens, completion.completion_tokens)
+        try:
+            value = self._parse_output(completion.content)
+        except StructuredOutputError as exc:
+            self._settle(state, FAILED, error=exc.as_cell(), error_type=exc.error_type.value,
+                         response=completion.content, attempts=attempts, endpoint=endpoint_name,
+                         completion=completion)
+            return
+        self._settle(state, OK, value=value, response=completion.content, attempts=attempts,
+                     endpoint=endpoint_name, completion=completion)
+
+    def _parse_output(self, content: str) -> Any:
+        if not self.spec.structured:
+            return content
+        try:
+            value = json.loads(content)
+        except ValueError:
+            raise StructuredOutputError(
+                f"the reply is not valid JSON: {content[:120]!r}"
+            ) from None
+        schema = self.spec.schema
+        if schema is not None:
+            import jsonschema
+
+            error = jsonschema.exceptions.best_match(
+                jsonschema.Draft202012Validator(schema).iter_errors(value)
+            )
+            if error is not None:
+                where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+                raise StructuredOutputError(
+                    f"the reply does not match the schema at {where}: {error.message[:200]}"
+                )
+        return value
+
+    # -- outcomes ----------------------------------------------------------------------------
+    def _answer_from_ledger(self, state: KeyState, hit: dict[str, Any]) -> bool:
+        try:
+            value = self._parse_output(hit["response"])
+        except StructuredOutputError:
+            # The schema is part of the key, so an ok record parsed once; if it no longer does
+            # (a hand-edited ledger), send the request again rather than guess.
+            return False
+        self._finish_rows(state.rows, ROW_CACHED, value=value)
+        if hit["partition_key"] != self.partition_key:
+            # Record the answer under this partition too, so its bookkeeping is complete.
+            self._record(state.request, OK, response=hit["response"], attempts=0,
+                         endpoint="ledger")
+        return True
+
+    def _settle(self, state: KeyState, status: str, *, value: Any = None, error: str | None = None,
+                error_type: str | None = None, response: str | None = None, attempts: int = 0,
+                endpoint: str | None = None, completion: Any = None) -> None:
+        row_status = {OK: ROW_OK, FAILED: ROW_FAILED, DEFERRED: ROW_DEFERRED}[status]
+        self._finish_rows(state.rows, row_status, value=value, error=error,
+                          error_type=error_type)
+        if status != OK:
+            self._settled_not_ok[state.request.key] = (row_status, error, error_type)
+        self._record(state.request, status, response=response, error=error,
+                     error_type=error_type, attempts=attempts, endpoint=endpoint,
+                     completion=completion)
+
+    def _finish_rows(self, rows: list[int], row_status: int, *, value: Any = None,
+                     error: str | None = None, error_type: str | None = None) -> None:
+        for row in rows:
+            self.row_status[row] = row_status
+            self.outputs[row] = value
+            self.errors[row] = error
+        self._done_rows += len(rows)
+        if row_status == ROW_FAILED:
+            by_type = self.stats.errors_by_type
+            by_type[error_type or "unknown"] = by_type.get(error_type or "unknown", 0) + len(rows)
+
+    def _record(self, request: RowRequest, status: str, *, response: str | None = None,
+                error: str | None = None, error_type: str | None = None, attempts: int = 0,
+                endpoint: str | None = None, completion: Any = None) -> None:
+        self._buffer.append({
+            "request_key": request.key,
+            "partition_key": self.partition_key,
+            "model": request.model,
+            "status": status,
+            "response": response,
+            "error": error,
+            "error_type": error_type,
+            "prompt_tokens": completion.prompt_tokens if completion else 0,
+            "completion_tokens": completion.completion_tokens if completion else 0,
+            "attempts": attempts,
+            "endpoint": endpoint,
+            "latency_ms": round(completion.latency_s * 1000, 3) if completion else None,
+            "run_id": self.run_id,
+        })
+        self._buffer_keys.append(request.key)
+        if len(self._buffer) >= self.settings.ledger_flush_rows:
+            self._flush_now.set()
+
+    def _add_tokens(self, model: str, prompt: int, completion: int) -> None:
+        self.stats.prompt_tokens += prompt
+        self.stats.completion_tokens += completion
+        per_model = self.stats.tokens_by_model.setdefault(
+            model, {"prompt_tokens": 0, "completion_tokens": 0})
+        per_model["prompt_tokens"] += prompt
+        per_model["completion_tokens"] += completion
+
+    # -- ledger writes -----------------------------------------------------------------------
+    async def _flush_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._flush_now.wait(),
+                                       timeout=self.settings.ledger_flush_interval_s)
+            except asyncio.TimeoutError:
+                pass
+            self._flush_now.clear()
+            if self._buffer:
+                await asyncio.to_thread(self._flush_sync)
+
+    def _flush_sync(self) -> None:
+        # Swap the buffer out first: the event loop keeps appending while this thread writes.
+        records, self._buffer = self._buffer, []
+        keys, self._buffer_keys = self._buffer_keys, []
+        if not records:
+            return
+        self.ledger.upsert(records)
+        for key in keys:
+            self._inflight.pop(key, None)
+
+    # -- progress and figures ----------------------------------------------------------------
+    async def _progress_loop(self) -> None:
+        interval = self.settings.progress_interval_s
+        total = len(self.inputs)
+        while True:
+            await asyncio.sleep(interval)
+            elapsed = time.perf_counter() - self._started
+            done = self._done_rows
+            rate = done / elapsed if elapsed > 0 else 0.0
+            tokens = self.stats.prompt_tokens + self.stats.completion_tokens
+            eta = (total - done) / rate if rate > 0 else float("inf")
+            failed = sum(self.stats.errors_by_type.values())
+            self.log.info(
+                f"batchllm: {done}/{total} rows ({100 * done / max(total, 1):.0f}%), "
+                f"{rate:.0f} rows/s, {tokens / max(elapsed, 1e-9):.0f} tokens/s, "
+                f"{failed} failed rows, ETA {eta:.0f} s"
+            )
+
+    def _finish_stats(self) -> None:
+        stats = self.stats
+        stats.elapsed_s = time.perf_counter() - self._started
+        counts = [0] * 5
+        for status in self.row_status:
+            counts[status] += 1
+        if counts[PENDING]:
+            raise RuntimeError(
+                f"internal error: {counts[PENDING]} rows ended without an outcome; "
+                "nothing was written for them, a rerun will send them"
+            )
+        stats.cached = counts[ROW_CACHED]
+        stats.succeeded = counts[ROW_OK] + counts[ROW_CACHED]
+        stats.failed = counts[ROW_FAILED]
+        stats.deferred = counts[ROW_DEFERRED]
+        if self._latencies:
+            ordered = sorted(self._latencies)
+            stats.latency_p50_s = round(ordered[len(ordered) // 2], 4)
+            stats.latency_p95_s = round(ordered[min(len(ordered) - 1,
+                                                    int(len(ordered) * 0.95))], 4)
+        stats.endpoints = self.pool.snapshot()
+        stats.estimated_cost_usd = estimate_cost(self.settings, stats.tokens_by_model)
+
+
+def estimate_cost(settings: InferenceSettings,
+                  tokens_by_model: dict[str, dict[str, int]]) -> float | None:
+    total = None
+    for model, tokens in tokens_by_model.items():
+        price = settings.price_for(model)
+        if price is None:
+            continue
+        total = (total or 0.0) + (tokens["prompt_tokens"] * price[0]
+                                  + tokens["completion_tokens"] * price[1]) / 1e6
+    return round(total, 6) if total is not None else None

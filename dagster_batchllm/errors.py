@@ -1,0 +1,176 @@
+"""The typed error hierarchy.
+
+Two kinds of failure exist and are kept apart on purpose:
+
+* Mistakes in the call itself (a template naming a missing column, a model that no endpoint
+  serves) raise :class:`InferenceConfigError` before any request is sent.
+* Failures of a single row are data, not exceptions: the row's error column holds
+  ``"<error_type>: <message>"`` where ``error_type`` is one of the stable codes in
+  :class:`ErrorType`, and the ledger stores the code in its own column.
+
+Transport errors carry ``retryable`` so the retry policy needs no knowledge of HTTP.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ErrorType(str, Enum):
+    """Stable codes for per-row errors (safe to filter on in SQL)."""
+
+    INVALID_INPUT = "invalid_input"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    UNSUPPORTED_MODEL = "unsupported_model"
+    RATE_LIMITED = "rate_limited"
+    SERVER_ERROR = "server_error"
+    CONNECTION_ERROR = "connection_error"
+    TIMEOUT = "timeout"
+    BAD_REQUEST = "bad_request"
+    AUTHENTICATION = "authentication_error"
+    NOT_FOUND = "not_found"
+    MALFORMED_RESPONSE = "malformed_response"
+    STRUCTURED_OUTPUT = "invalid_structured_output"
+    NO_HEALTHY_ENDPOINT = "no_healthy_endpoint"
+
+
+class BatchLLMError(Exception):
+    """Base class of every error this library raises."""
+
+
+class InferenceConfigError(BatchLLMError, ValueError):
+    """The call itself is wrong (raised before any request is sent)."""
+
+
+class RowError(BatchLLMError):
+    """A failure that belongs to one row; becomes that row's error value."""
+
+    error_type: ErrorType = ErrorType.SERVER_ERROR
+    retryable: bool = False
+
+    def __init__(self, message: str, *, error_type: ErrorType | None = None):
+        super().__init__(message)
+        if error_type is not None:
+            self.error_type = error_type
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def as_cell(self) -> str:
+        return f"{self.error_type.value}: {self.message}"
+
+
+class InvalidInputError(RowError):
+    error_type = ErrorType.INVALID_INPUT
+
+
+class ContextLengthExceededError(RowError):
+    error_type = ErrorType.CONTEXT_LENGTH_EXCEEDED
+
+
+class UnsupportedModelError(RowError):
+    error_type = ErrorType.UNSUPPORTED_MODEL
+
+
+class MalformedResponseError(RowError):
+    """The server answered 200 but the body is not a usable completion."""
+
+    error_type = ErrorType.MALFORMED_RESPONSE
+
+
+class StructuredOutputError(RowError):
+    """The reply is not valid JSON, or does not match the requested schema."""
+
+    error_type = ErrorType.STRUCTURED_OUTPUT
+
+
+class EndpointError(RowError):
+    """An HTTP or connection failure talking to one endpoint."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        error_type: ErrorType,
+        status: int | None = None,
+        retryable: bool = False,
+        retry_after_s: float | None = None,
+        endpoint: str | None = None,
+    ):
+        super().__init__(message, error_type=error_type)
+        self.status = status
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
+        self.endpoint = endpoint
+
+    @property
+    def counts_against_endpoint(self) -> bool:
+        """Whether this failure says the endpoint is unhealthy (feeds the circuit breaker).
+
+        A 429 means the endpoint is alive and busy; a 4xx means the request is wrong.
+        """
+        return self.error_type in (
+            ErrorType.SERVER_ERROR,
+            ErrorType.CONNECTION_ERROR,
+            ErrorType.TIMEOUT,
+        )
+
+
+class NoHealthyEndpointError(RowError):
+    """Every endpoint serving the model is cooling down after repeated failures."""
+
+    error_type = ErrorType.NO_HEALTHY_ENDPOINT
+    retryable = True
+
+
+RETRYABLE_STATUSES = frozenset({408, 409, 429}) | frozenset(range(500, 600))
+
+
+def classify_http_error(
+    status: int, body: str, *, retry_after_s: float | None, endpoint: str
+) -> EndpointError:
+    """Turn a non-200 reply into a typed error, following openai-python's retry rules."""
+    snippet = _error_message_from_body(body)
+    lowered = snippet.lower()
+    if status == 429:
+        error_type = ErrorType.RATE_LIMITED
+    elif status == 408:
+        error_type = ErrorType.TIMEOUT
+    elif status >= 500:
+        error_type = ErrorType.SERVER_ERROR
+    elif status in (401, 403):
+        error_type = ErrorType.AUTHENTICATION
+    elif status == 404:
+        error_type = ErrorType.NOT_FOUND
+    elif "context_length" in lowered or "context length" in lowered or "maximum context" in lowered:
+        error_type = ErrorType.CONTEXT_LENGTH_EXCEEDED
+    else:
+        error_type = ErrorType.BAD_REQUEST
+    return EndpointError(
+        f"HTTP {status} from endpoint '{endpoint}': {snippet}",
+        error_type=error_type,
+        status=status,
+        retryable=status in RETRYABLE_STATUSES,
+        retry_after_s=retry_after_s,
+        endpoint=endpoint,
+    )
+
+
+def _error_message_from_body(body: str, limit: int = 300) -> str:
+    import json
+
+    try:
+        parsed = json.loads(body)
+        error = parsed.get("error") if isinstance(parsed, dict) else None
+        if isinstance(error, dict):
+            code = error.get("code")
+            message = str(error.get("message", ""))
+            if code and str(code) not in message:
+                message = f"{message} (code {code})"
+            return message[:limit]
+        if isinstance(error, str):
+            return error[:limit]
+    except (ValueError, AttributeError):
+        pass
+    return body.strip()[:limit] or "(empty body)"

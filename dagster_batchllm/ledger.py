@@ -1,0 +1,259 @@
+"""The results ledger: one record per (request key, partition), in any SQLAlchemy database.
+
+The ledger is what makes a run resumable and cheap to repeat: before sending, keys already ``ok``
+(in any partition) are answered from it; outcomes are written in small batches while the run goes,
+so a crash loses at most the requests in flight and one unwritten batch. Records of different
+partitions stay separate, so a retry partition knows exactly which of its rows still need work.
+
+SQLite gets WAL mode, a busy timeout and ``BEGIN IMMEDIATE`` writes so several processes can share
+one file; PostgreSQL gets native upserts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from .errors import InferenceConfigError
+
+OK, FAILED, DEFERRED, SUPERSEDED = "ok", "failed", "deferred", "superseded"
+STATUSES = (OK, FAILED, DEFERRED, SUPERSEDED)
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_LOOKUP_BATCH = 500
+
+
+def validate_identifier(name: str, what: str = "identifier") -> str:
+    """Refuse anything but a plain SQL identifier (optionally ``schema.name``)."""
+    parts = name.split(".") if isinstance(name, str) else [None]
+    if len(parts) > 2 or not all(isinstance(p, str) and _IDENTIFIER.match(p) for p in parts):
+        raise InferenceConfigError(
+            f"{what} {name!r} is not a plain SQL identifier: use letters, digits and underscores "
+            "(optionally schema.name), starting with a letter or underscore."
+        )
+    return name
+
+
+def normalize_store_url(url: str) -> str:
+    """``postgresql://`` means psycopg2 to SQLAlchemy; use psycopg 3 when only it is installed."""
+    if (url.startswith(("postgresql://", "postgres://"))
+            and importlib.util.find_spec("psycopg2") is None
+            and importlib.util.find_spec("psycopg")):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def redact_url(url: str) -> str:
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # an unparseable URL is reported by create_engine; never echo it whole
+        return "<unparseable store_url>"
+
+
+def _ledger_table(name: str) -> sa.Table:
+    schema, _, table = name.rpartition(".")
+    metadata = sa.MetaData(schema=schema or None)
+    return sa.Table(
+        table,
+        metadata,
+        sa.Column("request_key", sa.String(64), primary_key=True),
+        sa.Column("partition_key", sa.String(255), primary_key=True, default=""),
+        sa.Column("model", sa.String(255), nullable=False),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("response", sa.Text),
+        sa.Column("error", sa.Text),
+        sa.Column("error_type", sa.String(64)),
+        sa.Column("prompt_tokens", sa.Integer, nullable=False, default=0),
+        sa.Column("completion_tokens", sa.Integer, nullable=False, default=0),
+        sa.Column("attempts", sa.Integer, nullable=False, default=0),
+        sa.Column("endpoint", sa.String(255)),
+        sa.Column("latency_ms", sa.Float),
+        sa.Column("run_id", sa.String(64)),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("updated_at", sa.Float, nullable=False),
+        sa.Index(f"ix_{table}_status_partition", "status", "partition_key"),
+        sa.Index(f"ix_{table}_key_status", "request_key", "status"),
+    )
+
+
+class Ledger:
+    """Create with a SQLAlchemy URL; ``None`` keeps an in-memory ledger for one process."""
+
+    def __init__(self, url: str | None, table_name: str = "batchllm_requests"):
+        validate_identifier(table_name, "ledger_table")
+        self.url = normalize_store_url(url or "sqlite://")
+        self.table = _ledger_table(table_name)
+        self.engine = self._make_engine(self.url)
+        self._create_table()
+
+    @staticmethod
+    def _make_engine(url: str) -> sa.Engine:
+        try:
+            parsed = sa.engine.make_url(url)
+        except sa.exc.ArgumentError as exc:
+            raise InferenceConfigError(f"store_url is not a SQLAlchemy URL: {exc}") from None
+        if parsed.get_backend_name() != "sqlite":
+            return sa.create_engine(url, pool_pre_ping=True, future=True)
+        in_memory = parsed.database in (None, "", ":memory:")
+        kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 60}}
+        if in_memory:
+            kwargs["poolclass"] = sa.pool.StaticPool
+        engine = sa.create_engine(url, **kwargs)
+
+        @event.listens_for(engine, "connect")
+        def _configure(dbapi_connection, _record):
+            # Let SQLAlchemy's "begin" event open transactions, so writers can BEGIN IMMEDIATE:
+            # a deferred transaction that upgrades to a write lock fails at once under contention
+            # instead of waiting for the busy timeout.
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            if not in_memory:
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA busy_timeout=60000")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(connection):
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+
+    def _create_table(self) -> None:
+        try:
+            self.table.metadata.create_all(self.engine, checkfirst=True)
+        except sa.exc.DatabaseError:
+            # Another process created it between our check and our CREATE: fine if it exists now.
+            if not sa.inspect(self.engine).has_table(self.table.name, schema=self.table.schema):
+                raise
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    # -- reading ---------------------------------------------------------------------------
+    def lookup_ok(self, keys: Iterable[str], partition_key: str = "") -> dict[str, dict[str, Any]]:
+        """Answers already paid for: key -> {partition_key, response, prompt_tokens, ...}.
+
+        Any partition's ``ok`` record answers; this partition's own record is preferred.
+        """
+        t = self.table
+        found: dict[str, dict[str, Any]] = {}
+        keys = list(keys)
+        with self.engine.connect() as conn:
+            for start in range(0, len(keys), _LOOKUP_BATCH):
+                batch = keys[start:start + _LOOKUP_BATCH]
+                rows = conn.execute(
+                    sa.select(t.c.request_key, t.c.partition_key, t.c.response,
+                              t.c.prompt_tokens, t.c.completion_tokens)
+                    .where(t.c.request_key.in_(batch), t.c.status == OK)
+                ).all()
+                for row in rows:
+                    if row.request_key not in found or row.partition_key == partition_key:
+                        found[row.request_key] = row._asdict()
+        return found
+
+    def status_counts(self, partition_key: str | None = None) -> dict[str, int]:
+        t = self.table
+        query = sa.select(t.c.status, sa.func.count()).group_by(t.c.status)
+        if partition_key is not None:
+            query = query.where(t.c.partition_key == partition_key)
+        with self.engine.connect() as conn:
+            counts = dict(conn.execute(query).all())
+        return {s: int(counts.get(s, 0)) for s in STATUSES}
+
+    def partitions_needing_retry(self) -> dict[str, dict[str, int]]:
+        """Partitions that still hold failed or deferred records, with their counts."""
+        t = self.table
+        query = (
+            sa.select(t.c.partition_key, t.c.status, sa.func.count())
+            .where(t.c.status.in_((FAILED, DEFERRED)), t.c.partition_key != "")
+            .group_by(t.c.partition_key, t.c.status)
+        )
+        result: dict[str, dict[str, int]] = {}
+        with self.engine.connect() as conn:
+            for partition, status, count in conn.execute(query):
+                result.setdefault(partition, {FAILED: 0, DEFERRED: 0})[status] = int(count)
+        return result
+
+    def records(self, partition_key: str | None = None):
+        """The ledger's records as a pandas DataFrame (for inspection and tests)."""
+        import pandas as pd
+
+        query = sa.select(self.table)
+        if partition_key is not None:
+            query = query.where(self.table.c.partition_key == partition_key)
+        with self.engine.connect() as conn:
+            return pd.DataFrame(conn.execute(query).mappings().all(),
+                                columns=[c.name for c in self.table.columns])
+
+    # -- writing ---------------------------------------------------------------------------
+    def upsert(self, records: Sequence[dict[str, Any]]) -> None:
+        """Insert or update records; an ``ok`` record is never overwritten by a worse status."""
+        if not records:
+            return
+        now = time.time()
+        rows = [{**r, "created_at": now, "updated_at": now} for r in records]
+        t = self.table
+        backend = self.engine.dialect.name
+        with self.engine.begin() as conn:
+            if backend in ("sqlite", "postgresql"):
+                dialect_insert = (
+                    sa.dialects.sqlite.insert if backend == "sqlite"
+                    else sa.dialects.postgresql.insert
+                )
+                stmt = dialect_insert(t)
+                updated = {
+                    c.name: stmt.excluded[c.name]
+                    for c in t.columns
+                    if c.name not in ("request_key", "partition_key", "created_at")
+                }
+                stmt = stmt.on_conflict_do_update(
+                    index_elements=[t.c.request_key, t.c.partition_key],
+                    set_=updated,
+                    where=sa.or_(t.c.status != OK, stmt.excluded.status == OK),
+                )
+                conn.execute(stmt, rows)
+            else:
+                self._generic_upsert(conn, rows)
+
+    def _generic_upsert(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
+        t = self.table
+        for row in rows:
+            where = sa.and_(t.c.request_key == row["request_key"],
+                            t.c.partition_key == row["partition_key"])
+            current = conn.execute(sa.select(t.c.status).where(where)).scalar()
+            if current is None:
+                conn.execute(t.insert().values(**row))
+            elif current != OK or row["status"] == OK:
+                values = {k: v for k, v in row.items() if k != "created_at"}
+                conn.execute(t.update().where(where).values(**values))
+
+    def mark_superseded(self, partition_key: str, keep_keys: Iterable[str]) -> int:
+        """Retire a partition's failed/deferred records whose request is no longer asked for
+        (its input changed), so they stop making it a retry partition."""
+        keep = set(keep_keys)
+        t = self.table
+        with self.engine.begin() as conn:
+            stale = [
+                key for (key,) in conn.execute(
+                    sa.select(t.c.request_key).where(
+                        t.c.partition_key == partition_key,
+                        t.c.status.in_((FAILED, DEFERRED)),
+                    )
+                )
+                if key not in keep
+            ]
+            for start in range(0, len(stale), _LOOKUP_BATCH):
+                conn.execute(
+                    t.update()
+                    .where(t.c.partition_key == partition_key,
+                           t.c.request_key.in_(stale[start:start + _LOOKUP_BATCH]))
+                    .values(status=SUPERSEDED, updated_at=time.time())
+                )
+        return len(stale)

@@ -1,0 +1,230 @@
+"""The endpoint pool: least-loaded routing, per-endpoint caps and rate limits, circuit breakers.
+
+Every request asks the pool for a lease on one endpoint and gives it back with the outcome. The
+pool never lets an endpoint hold more than ``max_concurrency`` leases, never admits a request its
+rate limits cannot take, and stops routing to an endpoint that keeps failing until a cool-down has
+passed and a single probe request has succeeded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from .budget import SlidingWindowLimiter
+from .errors import NoHealthyEndpointError, RowError, UnsupportedModelError
+from .settings import EndpointSpec
+
+# A waiter re-checks at least this often, so a lost wake-up can delay a request but never hang it.
+_MAX_WAIT_S = 1.0
+_MAX_COOLDOWN_FACTOR = 8
+
+
+class EndpointState:
+    """Live state of one endpoint: leases out, limits, breaker and counters."""
+
+    def __init__(self, spec: EndpointSpec, *, failure_threshold: int, cooldown_s: float, clock):
+        self.spec = spec
+        self.outstanding = 0
+        self._clock = clock
+        self._failure_threshold = failure_threshold
+        self._cooldown_s = cooldown_s
+        self.consecutive_failures = 0
+        self.trips = 0
+        self.open_until = 0.0
+        self.probe_in_flight = False
+        scale = spec.rate_limit_window_s / 60.0
+        self.request_limiter = (
+            SlidingWindowLimiter(spec.requests_per_minute * scale, spec.rate_limit_window_s, clock)
+            if spec.requests_per_minute else None
+        )
+        self.token_limiter = (
+            SlidingWindowLimiter(spec.tokens_per_minute * scale, spec.rate_limit_window_s, clock)
+            if spec.tokens_per_minute else None
+        )
+        self.requests = 0
+        self.succeeded = 0
+        self.failed = 0
+
+    @property
+    def tripped(self) -> bool:
+        return self.consecutive_failures >= self._failure_threshold
+
+    def is_open(self, now: float) -> bool:
+        return self.tripped and now < self.open_until
+
+    def admits_size(self, tokens: int) -> bool:
+        return self.token_limiter is None or self.token_limiter.fits_ever(tokens)
+
+    def rate_wait_s(self, tokens: int) -> float:
+        wait = 0.0
+        if self.request_limiter is not None:
+            wait = self.request_limiter.seconds_until_fits(1)
+        if self.token_limiter is not None:
+            wait = max(wait, self.token_limiter.seconds_until_fits(tokens))
+        return wait
+
+    def record_success(self) -> None:
+        self.succeeded += 1
+        self.consecutive_failures = 0
+        self.trips = 0
+
+    def record_failure(self) -> None:
+        self.failed += 1
+        self.consecutive_failures += 1
+        if self.tripped:
+            self.trips += 1
+            factor = min(2 ** (self.trips - 1), _MAX_COOLDOWN_FACTOR)
+            self.open_until = self._clock() + self._cooldown_s * factor
+
+
+@dataclass(slots=True)
+class Lease:
+    endpoint: EndpointState
+    request_entry: object | None
+    token_entry: object | None
+    probe: bool
+
+
+class EndpointPool:
+    """Routes requests over endpoints; one instance is shared by all rows of a call."""
+
+    def __init__(
+        self,
+        specs: tuple[EndpointSpec, ...],
+        *,
+        failure_threshold: int = 5,
+        cooldown_s: float = 10.0,
+        clock=time.monotonic,
+    ):
+        self._clock = clock
+        self.endpoints = [
+            EndpointState(s, failure_threshold=failure_threshold, cooldown_s=cooldown_s,
+                          clock=clock)
+            for s in specs
+        ]
+        self._by_model: dict[str, list[EndpointState]] = {}
+        for state in self.endpoints:
+            for model in state.spec.models:
+                self._by_model.setdefault(model, []).append(state)
+        self._waiters: dict[str, deque[asyncio.Future]] = {m: deque() for m in self._by_model}
+
+    def serves(self, model: str) -> bool:
+        return model in self._by_model
+
+    def capacity(self, model: str | None = None) -> int:
+        states = self.endpoints if model is None else self._by_model.get(model, [])
+        return sum(s.spec.max_concurrency for s in states)
+
+    async def acquire(self, model: str, tokens: int) -> Lease:
+        serving = self._by_model.get(model)
+        if not serving:
+            raise UnsupportedModelError(
+                f"no configured endpoint serves model '{model}' "
+                f"(served: {sorted(self._by_model)})"
+            )
+        while True:
+            lease, wait_s = self._try_acquire(serving, model, tokens)
+            if lease is not None:
+                return lease
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters[model].append(waiter)
+            try:
+                await asyncio.wait_for(waiter, timeout=min(wait_s, _MAX_WAIT_S))
+            except asyncio.TimeoutError:
+                pass
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake(model)  # hand the wake-up we consumed to the next waiter
+                raise
+
+    def _try_acquire(
+        self, serving: list[EndpointState], model: str, tokens: int
+    ) -> tuple[Lease | None, float]:
+        now = self._clock()
+        best: EndpointState | None = None
+        best_free = 0
+        wait_s = math.inf
+        alive = fits = False
+        for state in serving:
+            if not state.admits_size(tokens):
+                continue
+            fits = True
+            if state.is_open(now):
+                wait_s = min(wait_s, state.open_until - now)
+                continue
+            alive = True
+            if state.tripped:  # half-open: exactly one probe at a time
+                free = 0 if state.probe_in_flight else 1
+            else:
+                free = state.spec.max_concurrency - state.outstanding
+            if free <= best_free:
+                continue
+            rate_wait = state.rate_wait_s(tokens)
+            if rate_wait > 0:
+                wait_s = min(wait_s, rate_wait)
+                continue
+            best, best_free = state, free
+        if best is not None:
+            best.outstanding += 1
+            best.requests += 1
+            probe = best.tripped
+            if probe:
+                best.probe_in_flight = True
+            return Lease(
+                endpoint=best,
+                request_entry=best.request_limiter.take(1) if best.request_limiter else None,
+                token_entry=best.token_limiter.take(tokens) if best.token_limiter else None,
+                probe=probe,
+            ), 0.0
+        if not fits:
+            limits = {s.spec.name: s.token_limiter.limit for s in serving if s.token_limiter}
+            raise RowError(
+                f"the request may use up to {tokens} tokens, more than any endpoint serving "
+                f"'{model}' admits per rate-limit window {limits}"
+            )
+        if not alive:
+            raise NoHealthyEndpointError(
+                f"every endpoint serving '{model}' is cooling down after repeated failures "
+                f"({', '.join(s.spec.name for s in serving)})"
+            )
+        return None, wait_s
+
+    def release(self, lease: Lease, *, success: bool, unhealthy: bool,
+                actual_tokens: int | None) -> None:
+        """Give a lease back. ``unhealthy`` failures feed the breaker; 429s and 4xx do not."""
+        state = lease.endpoint
+        state.outstanding -= 1
+        if lease.probe:
+            state.probe_in_flight = False
+        if success:
+            state.record_success()
+        elif unhealthy:
+            state.record_failure()
+        elif lease.probe:
+            state.record_success()  # it answered: alive, even if the answer was an error
+        if lease.token_entry is not None and actual_tokens is not None:
+            state.token_limiter.settle(lease.token_entry, actual_tokens)
+        for model in state.spec.models:
+            self._wake(model)
+
+    def _wake(self, model: str) -> None:
+        waiters = self._waiters.get(model)
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def snapshot(self) -> dict[str, dict[str, int | bool]]:
+        now = self._clock()
+        return {
+            s.spec.name: {
+                "requests": s.requests, "succeeded": s.succeeded, "failed": s.failed,
+                "outstanding": s.outstanding, "cooling_down": s.is_open(now),
+            }
+            for s in self.endpoints
+        }

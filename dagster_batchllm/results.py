@@ -1,0 +1,84 @@
+"""What a call returns: the table with its new columns, and the figures of the run."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class InferenceStats:
+    """Figures of one ``infer`` call; ``as_dict()`` feeds Dagster metadata."""
+
+    rows: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    deferred: int = 0
+    cached: int = 0
+    deduplicated: int = 0
+    requests: int = 0
+    retries: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    elapsed_s: float = 0.0
+    latency_p50_s: float | None = None
+    latency_p95_s: float | None = None
+    endpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tokens_by_model: dict[str, dict[str, int]] = field(default_factory=dict)
+    errors_by_type: dict[str, int] = field(default_factory=dict)
+    estimated_cost_usd: float | None = None
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def failure_rate(self) -> float:
+        return self.failed / self.rows if self.rows else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["rows_per_s"] = round(self.rows_per_s, 2)
+        data["failure_rate"] = round(self.failure_rate, 6)
+        return data
+
+    def summary(self) -> str:
+        return (
+            f"{self.rows} rows: {self.succeeded} ok ({self.cached} from the ledger), "
+            f"{self.failed} failed, {self.deferred} deferred; {self.requests} requests, "
+            f"{self.retries} retries, {self.prompt_tokens + self.completion_tokens} tokens, "
+            f"{self.elapsed_s:.1f} s ({self.rows_per_s:.0f} rows/s)"
+        )
+
+
+@dataclass
+class InferenceResult:
+    """``df``: the input rows, same index and order, plus ``<output>`` and ``<output>_error``."""
+
+    df: Any
+    stats: InferenceStats
+    output_column: str
+    error_column: str
+
+    @property
+    def failed_rows(self):
+        return self.df[self.df[self.error_column].notna()]
+
+
+@dataclass
+class InferenceEstimate:
+    """A dry run: what ``infer`` with the same arguments would send, without sending anything."""
+
+    rows: int
+    requests_to_send: int
+    rows_answered_by_ledger: int
+    rows_deduplicated: int
+    invalid_rows: int
+    estimated_prompt_tokens: int
+    max_completion_tokens: int
+    tokens_by_model: dict[str, dict[str, int]]
+    estimated_cost_usd: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,99 @@
+"""Shared fixtures: simulated endpoints, clients with fast retry settings, a temp Dagster home."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+# Spark workers must run this interpreter, and everything stays on the loopback interface.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+from dagster_batchllm.client import InferenceClient
+from dagster_batchllm.settings import EndpointSpec, InferenceSettings
+from dagster_batchllm.testing import SimulatedEndpoint
+
+POSTGRES_URL = os.environ.get(
+    "BATCHLLM_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+
+# Retries and breakers tuned for tests: the same logic, milliseconds instead of seconds.
+FAST_SETTINGS = dict(
+    max_attempts=6,
+    request_timeout_s=5.0,
+    retry_initial_backoff_s=0.01,
+    retry_max_backoff_s=0.1,
+    max_retry_after_s=0.2,
+    breaker_failure_threshold=3,
+    breaker_cooldown_s=0.3,
+    ledger_flush_interval_s=0.05,
+    progress_interval_s=60.0,
+)
+
+
+@pytest.fixture(autouse=True)
+def _dagster_home(tmp_path_factory, monkeypatch):
+    home = tmp_path_factory.mktemp("dagster_home")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+
+
+@pytest.fixture
+def sim():
+    with SimulatedEndpoint(models=("sim-model",)) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def make_settings(tmp_path):
+    """Settings over the given simulated endpoints, with a fresh SQLite ledger file."""
+
+    def build(*sims, store_url=None, endpoint_kwargs=None, **overrides) -> InferenceSettings:
+        endpoints = tuple(
+            EndpointSpec(name=f"ep{i}", base_url=s.base_url, models=tuple(s.models),
+                         max_concurrency=16, **(endpoint_kwargs or {}))
+            for i, s in enumerate(sims)
+        )
+        options = {**FAST_SETTINGS, **overrides}
+        return InferenceSettings(
+            endpoints=endpoints,
+            store_url=store_url or f"sqlite:///{tmp_path / 'ledger.db'}",
+            **options,
+        )
+
+    return build
+
+
+@pytest.fixture
+def make_client(make_settings):
+    clients = []
+
+    def build(*sims, **kwargs) -> InferenceClient:
+        client = InferenceClient(make_settings(*sims, **kwargs))
+        clients.append(client)
+        return client
+
+    yield build
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A PostgreSQL URL with a clean schema per session, or a skip saying why."""
+    import sqlalchemy as sa
+
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg is not installed (pip install -e '.[test]')")
+    engine = sa.create_engine(POSTGRES_URL)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("select 1"))
+    except Exception as exc:  # any connection failure means: no server here
+        pytest.skip(f"PostgreSQL is not reachable at 127.0.0.1:5432 ({type(exc).__name__})")
+    finally:
+        engine.dispose()
+    return POSTGRES_URL
