@@ -80,13 +80,6 @@ class SlidingWindowLimiter:
             self._used -= entry.amount
             entry.at = float("-inf")  # marks it evicted, so a late settle() leaves _used alone
 
-    def fits_ever(self, amount: int) -> bool:
-        return amount <= self.limit
-
-    def can_take(self, amount: int) -> bool:
-        self._evict(self._clock())
-        return self._used + amount <= self.limit
-
     def take(self, amount: int) -> _Entry:
         entry = _Entry(self._clock(), amount)
         self._entries.append(entry)
@@ -104,7 +97,9 @@ class SlidingWindowLimiter:
         now = self._clock()
         self._evict(now)
         excess = self._used + amount - self.limit
-        if excess <= 0:
+        if excess <= 0 or not self._entries:
+            # An empty window admits any single request: a share smaller than one request
+            # (many runs on one endpoint) must slow a run down, not stall it forever.
             return 0.0
         freed = 0
         for entry in self._entries:

@@ -93,6 +93,7 @@ class InferenceClient:
         token_budget: int | None = None,
         partition_key: str | None = None,
         run_id: str | None = None,
+        scope: str | None = None,
         supersede_stale: bool = False,
         logger: Any = None,
         **params: Any,
@@ -120,14 +121,14 @@ class InferenceClient:
         run = InferenceRun(
             self.settings, spec, df[spec.input_columns()],
             pool=self.pool, ledger=self.ledger, token_budget=budget,
-            partition_key=partition_key, run_id=run_id, logger=logger or self.log,
+            partition_key=partition_key, run_id=run_id, scope=scope, logger=logger or self.log,
         )
         stats = await run.run()
         if supersede_stale and partition_key:
             keys = [r.key for r in iter_row_requests(
                 df[spec.input_columns()].itertuples(index=False, name=None), spec,
                 default_max_tokens=self.settings.default_max_tokens) if not isinstance(r, RowError)]
-            await asyncio.to_thread(self.ledger.mark_superseded, partition_key, keys)
+            await asyncio.to_thread(self.ledger.mark_superseded, partition_key, keys, scope or "")
         out = df.copy(deep=False)
         out[output_column] = pd.Series(run.outputs, index=df.index, dtype=object)
         out[error_column] = pd.Series(run.errors, index=df.index, dtype=object)
@@ -149,6 +150,7 @@ class InferenceClient:
         temperature: float | None = None,
         response_format: Any = None,
         partition_key: str | None = None,
+        scope: str | None = None,
         **params: Any,
     ) -> InferenceEstimate:
         """A dry run of ``infer`` with the same arguments: nothing is sent."""
@@ -171,7 +173,7 @@ class InferenceClient:
                 duplicates += 1
             else:
                 distinct[item.key] = item
-        hits = self.ledger.lookup_ok(list(distinct), partition_key or "")
+        hits = self.ledger.lookup_ok(list(distinct), partition_key or "", scope or "")
         answered = 0
         tokens_by_model: dict[str, dict[str, int]] = {}
         for key, item in distinct.items():

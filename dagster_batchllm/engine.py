@@ -19,6 +19,7 @@ from array import array
 from typing import Any
 
 from .budget import TokenBudget
+from .coordination import RunCoordinator
 from .errors import (
     ContextLengthExceededError,
     EndpointError,
@@ -62,6 +63,7 @@ class InferenceRun:
         token_budget: int | None,
         partition_key: str | None,
         run_id: str | None,
+        scope: str | None = None,
         logger: Any = None,
         transport: Transport | None = None,
     ):
@@ -72,6 +74,7 @@ class InferenceRun:
         self.ledger = ledger
         self.budget = TokenBudget(token_budget) if token_budget is not None else None
         self.partition_key = partition_key or ""
+        self.scope = scope or ""
         self.run_id = run_id
         self.log = logger or log
         self.transport = transport or make_transport(
@@ -97,9 +100,12 @@ class InferenceRun:
         self._started = time.perf_counter()
         workers_n = max(1, min(_MAX_WORKERS, 2 * self.pool.capacity()))
         queue: asyncio.Queue[KeyState | None] = asyncio.Queue(maxsize=workers_n)
+        coordinator = await self._join_other_runs()
         await self.transport.open(self.settings.endpoints)
-        flusher = asyncio.create_task(self._flush_loop())
-        progress = asyncio.create_task(self._progress_loop())
+        background = [asyncio.create_task(self._flush_loop()),
+                      asyncio.create_task(self._progress_loop())]
+        if coordinator is not None:
+            background.append(asyncio.create_task(self._heartbeat_loop(coordinator)))
         workers = [asyncio.create_task(self._worker(queue)) for _ in range(workers_n)]
         try:
             await self._produce(queue, workers_n)
@@ -108,13 +114,42 @@ class InferenceRun:
             for task in workers:
                 task.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-            progress.cancel()
-            flusher.cancel()
-            await asyncio.gather(progress, flusher, return_exceptions=True)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
             await asyncio.shield(asyncio.to_thread(self._flush_sync))
             await self.transport.close()
+            if coordinator is not None:
+                await asyncio.to_thread(coordinator.leave)
+                self.pool.set_shares({})
         self._finish_stats()
         return self.stats
+
+    async def _join_other_runs(self) -> RunCoordinator | None:
+        if not self.settings.coordinate_runs or self.ledger.in_memory:
+            return None
+        coordinator = await asyncio.to_thread(
+            RunCoordinator, self.ledger.engine, self.ledger.table,
+            [e.name for e in self.settings.endpoints],
+            stale_after_s=max(10.0, 20 * self.settings.coordination_interval_s),
+            description=f"run {self.run_id or '-'} partition {self.partition_key or '-'}",
+        )
+        runs = await asyncio.to_thread(coordinator.heartbeat)
+        self.pool.set_shares(runs)
+        if any(n > 1 for n in runs.values()):
+            # Let the runs already sending see us and shrink before we start.
+            await asyncio.sleep(self.settings.coordination_interval_s * 1.5)
+        return coordinator
+
+    async def _heartbeat_loop(self, coordinator: RunCoordinator) -> None:
+        while True:
+            await asyncio.sleep(self.settings.coordination_interval_s)
+            try:
+                runs = await asyncio.to_thread(coordinator.heartbeat)
+            except Exception as exc:  # a busy database delays a heartbeat; shares stay as they are
+                self.log.warning(f"batchllm: run coordination heartbeat failed: {exc}")
+                continue
+            self.pool.set_shares(runs)
 
     async def _produce(self, queue: asyncio.Queue, workers_n: int) -> None:
         chunk_rows = self.settings.chunk_rows
@@ -148,7 +183,7 @@ class InferenceRun:
                 fresh[item.key] = KeyState(item, row)
             if fresh:
                 hits = await asyncio.to_thread(self.ledger.lookup_ok, list(fresh),
-                                               self.partition_key)
+                                               self.partition_key, self.scope)
                 for key, hit in hits.items():
                     if self._answer_from_ledger(fresh[key], hit):
                         del fresh[key]
@@ -283,7 +318,7 @@ class InferenceRun:
             # (a hand-edited ledger), send the request again rather than guess.
             return False
         self._finish_rows(state.rows, ROW_CACHED, value=value)
-        if hit["partition_key"] != self.partition_key:
+        if hit["partition_key"] != self.partition_key or hit["scope"] != self.scope:
             # Record the answer under this partition too, so its bookkeeping is complete.
             self._record(state.request, OK, response=hit["response"], attempts=0,
                          endpoint="ledger")
@@ -317,6 +352,7 @@ class InferenceRun:
                 endpoint: str | None = None, completion: Any = None) -> None:
         self._buffer.append({
             "request_key": request.key,
+            "scope": self.scope,
             "partition_key": self.partition_key,
             "model": request.model,
             "status": status,

@@ -1,9 +1,10 @@
-"""The results ledger: one record per (request key, partition), in any SQLAlchemy database.
+"""The results ledger: one record per (request key, scope, partition), in any SQLAlchemy database.
 
 The ledger is what makes a run resumable and cheap to repeat: before sending, keys already ``ok``
 (in any partition) are answered from it; outcomes are written in small batches while the run goes,
 so a crash loses at most the requests in flight and one unwritten batch. Records of different
-partitions stay separate, so a retry partition knows exactly which of its rows still need work.
+partitions stay separate, so a retry partition knows exactly which of its rows still need work;
+``scope`` (the asset key, in Dagster) keeps two assets that share a ledger and a partition apart.
 
 SQLite gets WAL mode, a busy timeout and ``BEGIN IMMEDIATE`` writes so several processes can share
 one file; PostgreSQL gets native upserts.
@@ -63,6 +64,7 @@ def _ledger_table(name: str) -> sa.Table:
         table,
         metadata,
         sa.Column("request_key", sa.String(64), primary_key=True),
+        sa.Column("scope", sa.String(255), primary_key=True, default=""),
         sa.Column("partition_key", sa.String(255), primary_key=True, default=""),
         sa.Column("model", sa.String(255), nullable=False),
         sa.Column("status", sa.String(16), nullable=False),
@@ -77,7 +79,7 @@ def _ledger_table(name: str) -> sa.Table:
         sa.Column("run_id", sa.String(64)),
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("updated_at", sa.Float, nullable=False),
-        sa.Index(f"ix_{table}_status_partition", "status", "partition_key"),
+        sa.Index(f"ix_{table}_status_partition", "status", "scope", "partition_key"),
         sa.Index(f"ix_{table}_key_status", "request_key", "status"),
     )
 
@@ -88,6 +90,7 @@ class Ledger:
     def __init__(self, url: str | None, table_name: str = "batchllm_requests"):
         validate_identifier(table_name, "ledger_table")
         self.url = normalize_store_url(url or "sqlite://")
+        self.in_memory = self.url in ("sqlite://", "sqlite:///:memory:")
         self.table = _ledger_table(table_name)
         self.engine = self._make_engine(self.url)
         self._create_table()
@@ -137,10 +140,11 @@ class Ledger:
         self.engine.dispose()
 
     # -- reading ---------------------------------------------------------------------------
-    def lookup_ok(self, keys: Iterable[str], partition_key: str = "") -> dict[str, dict[str, Any]]:
-        """Answers already paid for: key -> {partition_key, response, prompt_tokens, ...}.
+    def lookup_ok(self, keys: Iterable[str], partition_key: str = "",
+                  scope: str = "") -> dict[str, dict[str, Any]]:
+        """Answers already paid for: key -> {scope, partition_key, response, tokens}.
 
-        Any partition's ``ok`` record answers; this partition's own record is preferred.
+        Any ``ok`` record answers; the record of this scope and partition is preferred.
         """
         t = self.table
         found: dict[str, dict[str, Any]] = {}
@@ -149,25 +153,29 @@ class Ledger:
             for start in range(0, len(keys), _LOOKUP_BATCH):
                 batch = keys[start:start + _LOOKUP_BATCH]
                 rows = conn.execute(
-                    sa.select(t.c.request_key, t.c.partition_key, t.c.response,
+                    sa.select(t.c.request_key, t.c.scope, t.c.partition_key, t.c.response,
                               t.c.prompt_tokens, t.c.completion_tokens)
                     .where(t.c.request_key.in_(batch), t.c.status == OK)
                 ).all()
                 for row in rows:
-                    if row.request_key not in found or row.partition_key == partition_key:
+                    own = row.partition_key == partition_key and row.scope == scope
+                    if row.request_key not in found or own:
                         found[row.request_key] = row._asdict()
         return found
 
-    def status_counts(self, partition_key: str | None = None) -> dict[str, int]:
+    def status_counts(self, partition_key: str | None = None,
+                      scope: str | None = None) -> dict[str, int]:
         t = self.table
         query = sa.select(t.c.status, sa.func.count()).group_by(t.c.status)
         if partition_key is not None:
             query = query.where(t.c.partition_key == partition_key)
+        if scope is not None:
+            query = query.where(t.c.scope == scope)
         with self.engine.connect() as conn:
             counts = dict(conn.execute(query).all())
         return {s: int(counts.get(s, 0)) for s in STATUSES}
 
-    def partitions_needing_retry(self) -> dict[str, dict[str, int]]:
+    def partitions_needing_retry(self, scope: str | None = None) -> dict[str, dict[str, int]]:
         """Partitions that still hold failed or deferred records, with their counts."""
         t = self.table
         query = (
@@ -175,19 +183,23 @@ class Ledger:
             .where(t.c.status.in_((FAILED, DEFERRED)), t.c.partition_key != "")
             .group_by(t.c.partition_key, t.c.status)
         )
+        if scope is not None:
+            query = query.where(t.c.scope == scope)
         result: dict[str, dict[str, int]] = {}
         with self.engine.connect() as conn:
             for partition, status, count in conn.execute(query):
                 result.setdefault(partition, {FAILED: 0, DEFERRED: 0})[status] = int(count)
         return result
 
-    def records(self, partition_key: str | None = None):
+    def records(self, partition_key: str | None = None, scope: str | None = None):
         """The ledger's records as a pandas DataFrame (for inspection and tests)."""
         import pandas as pd
 
         query = sa.select(self.table)
         if partition_key is not None:
             query = query.where(self.table.c.partition_key == partition_key)
+        if scope is not None:
+            query = query.where(self.table.c.scope == scope)
         with self.engine.connect() as conn:
             return pd.DataFrame(conn.execute(query).mappings().all(),
                                 columns=[c.name for c in self.table.columns])
@@ -211,10 +223,10 @@ class Ledger:
                 updated = {
                     c.name: stmt.excluded[c.name]
                     for c in t.columns
-                    if c.name not in ("request_key", "partition_key", "created_at")
+                    if c.name not in ("request_key", "scope", "partition_key", "created_at")
                 }
                 stmt = stmt.on_conflict_do_update(
-                    index_elements=[t.c.request_key, t.c.partition_key],
+                    index_elements=[t.c.request_key, t.c.scope, t.c.partition_key],
                     set_=updated,
                     where=sa.or_(t.c.status != OK, stmt.excluded.status == OK),
                 )
@@ -225,7 +237,7 @@ class Ledger:
     def _generic_upsert(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
         t = self.table
         for row in rows:
-            where = sa.and_(t.c.request_key == row["request_key"],
+            where = sa.and_(t.c.request_key == row["request_key"], t.c.scope == row["scope"],
                             t.c.partition_key == row["partition_key"])
             current = conn.execute(sa.select(t.c.status).where(where)).scalar()
             if current is None:
@@ -234,7 +246,8 @@ class Ledger:
                 values = {k: v for k, v in row.items() if k != "created_at"}
                 conn.execute(t.update().where(where).values(**values))
 
-    def mark_superseded(self, partition_key: str, keep_keys: Iterable[str]) -> int:
+    def mark_superseded(self, partition_key: str, keep_keys: Iterable[str],
+                        scope: str = "") -> int:
         """Retire a partition's failed/deferred records whose request is no longer asked for
         (its input changed), so they stop making it a retry partition."""
         keep = set(keep_keys)
@@ -243,7 +256,7 @@ class Ledger:
             stale = [
                 key for (key,) in conn.execute(
                     sa.select(t.c.request_key).where(
-                        t.c.partition_key == partition_key,
+                        t.c.partition_key == partition_key, t.c.scope == scope,
                         t.c.status.in_((FAILED, DEFERRED)),
                     )
                 )
@@ -252,7 +265,7 @@ class Ledger:
             for start in range(0, len(stale), _LOOKUP_BATCH):
                 conn.execute(
                     t.update()
-                    .where(t.c.partition_key == partition_key,
+                    .where(t.c.partition_key == partition_key, t.c.scope == scope,
                            t.c.request_key.in_(stale[start:start + _LOOKUP_BATCH]))
                     .values(status=SUPERSEDED, updated_at=time.time())
                 )

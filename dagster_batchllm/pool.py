@@ -45,9 +45,21 @@ class EndpointState:
             SlidingWindowLimiter(spec.tokens_per_minute * scale, spec.rate_limit_window_s, clock)
             if spec.tokens_per_minute else None
         )
+        self.share = 1.0
+        self.capacity = spec.max_concurrency
         self.requests = 0
         self.succeeded = 0
         self.failed = 0
+
+    def set_share(self, share: float) -> None:
+        """Use only this fraction of the endpoint's limits (other runs use the rest)."""
+        self.share = share
+        self.capacity = max(1, int(self.spec.max_concurrency * share))
+        scale = self.spec.rate_limit_window_s / 60.0
+        if self.request_limiter is not None:
+            self.request_limiter.limit = max(1.0, self.spec.requests_per_minute * scale * share)
+        if self.token_limiter is not None:
+            self.token_limiter.limit = self.spec.tokens_per_minute * scale * share
 
     @property
     def tripped(self) -> bool:
@@ -57,7 +69,9 @@ class EndpointState:
         return self.tripped and now < self.open_until
 
     def admits_size(self, tokens: int) -> bool:
-        return self.token_limiter is None or self.token_limiter.fits_ever(tokens)
+        if self.token_limiter is None:
+            return True
+        return tokens <= self.spec.tokens_per_minute * self.spec.rate_limit_window_s / 60.0
 
     def rate_wait_s(self, tokens: int) -> float:
         wait = 0.0
@@ -160,7 +174,7 @@ class EndpointPool:
             if state.tripped:  # half-open: exactly one probe at a time
                 free = 0 if state.probe_in_flight else 1
             else:
-                free = state.spec.max_concurrency - state.outstanding
+                free = state.capacity - state.outstanding
             if free <= best_free:
                 continue
             rate_wait = state.rate_wait_s(tokens)
@@ -218,6 +232,13 @@ class EndpointPool:
             if not waiter.done():
                 waiter.set_result(None)
                 return
+
+    def set_shares(self, runs_per_endpoint: dict[str, int]) -> None:
+        for state in self.endpoints:
+            runs = runs_per_endpoint.get(state.spec.name, 1)
+            state.set_share(1.0 / max(1, runs))
+            for model in state.spec.models:
+                self._wake(model)  # a larger share may admit a waiter now
 
     def snapshot(self) -> dict[str, dict[str, int | bool]]:
         now = self._clock()

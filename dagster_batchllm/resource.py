@@ -132,6 +132,11 @@ class BatchInferenceResource(dg.ConfigurableResource):
         default="aiohttp",
         description="'aiohttp' (lean, ~10x less CPU per request) or 'openai' (official client).",
     )
+    coordinate_runs: bool = Field(
+        default=True,
+        description="Split each endpoint's limits among the runs using it at once, through the "
+        "ledger database (so a backfill of many runs does not multiply the load).",
+    )
     chunk_rows: int = Field(default=4096, description="Rows rendered and looked up at a time.")
     ledger_flush_rows: int = Field(default=64, description="Ledger write batch size.")
     ledger_flush_interval_s: float = Field(
@@ -162,6 +167,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
             ledger_flush_interval_s=self.ledger_flush_interval_s,
             progress_interval_s=self.progress_interval_s,
             http_client=self.http_client,
+            coordinate_runs=self.coordinate_runs,
             model_prices=tuple(
                 (p.model, p.usd_per_1m_prompt_tokens, p.usd_per_1m_completion_tokens)
                 for p in self.prices
@@ -222,4 +228,6 @@ def _context_kwargs(context: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     merged.setdefault("logger", getattr(context, "log", None))
     if "partition_key" not in merged and getattr(context, "has_partition_key", False):
         merged["partition_key"] = context.partition_key
+    if "scope" not in merged and getattr(context, "has_assets_def", False):
+        merged["scope"] = context.asset_key.to_user_string()
     return merged

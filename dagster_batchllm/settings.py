@@ -66,6 +66,8 @@ class InferenceSettings:
     ledger_flush_interval_s: float = 0.25
     progress_interval_s: float = 5.0
     http_client: str = "aiohttp"
+    coordinate_runs: bool = True
+    coordination_interval_s: float = 0.5
     model_prices: tuple[tuple[str, float, float], ...] = ()
     default_model: str | None = None
 
