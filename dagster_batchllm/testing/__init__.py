@@ -1,0 +1,19 @@
+"""A simulated OpenAI-compatible endpoint for tests and benchmarks.
+
+It never imports dagster: it runs in subprocesses and Spark executors.
+
+Example::
+
+    from dagster_batchllm.testing import SimulatedEndpoint
+
+    with SimulatedEndpoint(latency_s=0.05, max_concurrency=64) as sim:
+        sim.script(429, "drop")  # fault injection for the next two requests
+        ...  # point a client at sim.base_url
+        print(sim.stats()["by_status"])
+"""
+
+from .endpoint import SimulatedEndpoint
+from .responders import EchoResponder, Responder, schema_instance
+from .state import max_in_window
+
+__all__ = ["EchoResponder", "Responder", "SimulatedEndpoint", "max_in_window", "schema_instance"]

@@ -1,0 +1,190 @@
+"""Reply generators for the simulated endpoint.
+
+A responder turns a chat request into the assistant's text. The server does the rest
+(token counting, ``max_tokens`` cuts, fault injection), so a responder stays a pure,
+deterministic function that is easy to write for a test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import re
+from typing import Any, Protocol, runtime_checkable
+
+_WHITESPACE = re.compile(r"\s+")
+_MAX_DEPTH = 32  # stops recursive $ref schemas from recursing forever
+
+
+@runtime_checkable
+class Responder(Protocol):
+    """Pluggable reply generator for `SimulatedEndpoint`.
+
+    ``params`` is the request body minus ``model`` and ``messages`` (``max_tokens``,
+    ``temperature``, ``response_format``, ...). Message contents arrive as plain text,
+    even when the client sent a list of content parts. Return the assistant message
+    content; for structured output, a JSON string.
+
+    Example::
+
+        class Upper:
+            def models(self) -> list[str]:
+                return ["upper"]
+
+            def respond(self, model, messages, params) -> str:
+                return messages[-1]["content"].upper()
+
+        with SimulatedEndpoint(responder=Upper()) as sim: ...
+    """
+
+    def models(self) -> list[str]: ...
+
+    def respond(self, model: str, messages: list[dict], params: dict) -> str: ...
+
+
+def content_text(content: Any) -> str:
+    """Message content as text; OpenAI also allows a list of parts, of which text parts count."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        return "\n".join(
+            str(part.get("text", "")) if isinstance(part, dict) else str(part) for part in content
+        )
+    return str(content)
+
+
+def prompt_text(messages: list[dict]) -> str:
+    """The last user message (the last message if none is a user's), whitespace-collapsed."""
+    chosen: dict = messages[-1] if messages else {}
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            chosen = message
+            break
+    return _WHITESPACE.sub(" ", content_text(chosen.get("content"))).strip()
+
+
+def stable_hash(text: str) -> int:
+    """A hash that is the same in every process (``hash()`` is salted per process)."""
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+
+
+def pick_enum(values: list, text: str) -> Any:
+    """The first enum value (in enum order) found in the text, else a stable hash pick."""
+    if not values:
+        return None
+    lowered = text.lower()
+    for value in values:
+        if str(value).lower() in lowered:
+            return value
+    return values[stable_hash(text) % len(values)]
+
+
+def schema_instance(schema: Any, text: str, root: Any = None, depth: int = 0) -> Any:
+    """A deterministic JSON document that conforms to ``schema``, derived from ``text``.
+
+    Covers what structured-output schemas use: objects (every property is emitted),
+    arrays, enums, const, ``$ref`` into ``$defs``/``definitions``, ``anyOf``/``oneOf``/
+    ``allOf`` (first non-null branch), nullable type lists and simple length/range bounds.
+    """
+    root = schema if root is None else root
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return None if depth > _MAX_DEPTH else text[:200]
+    if "$ref" in schema:
+        return schema_instance(_resolve_ref(root, schema["$ref"]), text, root, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if "enum" in schema:
+        return pick_enum(list(schema["enum"]), text)
+    for key in ("anyOf", "oneOf", "allOf"):
+        branches = schema.get(key)
+        if branches:
+            non_null = [b for b in branches if not _is_null(b)]
+            return schema_instance((non_null or branches)[0], text, root, depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind is None:
+        kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        return {name: schema_instance(sub, text, root, depth + 1)
+                for name, sub in properties.items()}
+    if kind == "array":
+        item = schema_instance(schema.get("items", {"type": "string"}), text, root, depth + 1)
+        return [item] * max(1, int(schema.get("minItems", 1)))
+    if kind in ("integer", "number"):
+        count = len(text.split())
+        if "maximum" in schema:
+            count = min(count, schema["maximum"])
+        if "minimum" in schema:
+            count = max(count, schema["minimum"])
+        return count
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    value = text[:200]
+    if "maxLength" in schema:
+        value = value[: int(schema["maxLength"])]
+    return value.ljust(int(schema.get("minLength", 0)), "x")
+
+
+def _is_null(schema: Any) -> bool:
+    return isinstance(schema, dict) and schema.get("type") == "null"
+
+
+def _resolve_ref(root: Any, ref: str) -> Any:
+    if not ref.startswith("#"):
+        return {}  # remote refs are out of scope for a simulator
+    node = root
+    for part in ref.lstrip("#").strip("/").split("/"):
+        if not part:
+            continue
+        part = part.replace("~1", "/").replace("~0", "~")
+        node = node.get(part, {}) if isinstance(node, dict) else {}
+    return node
+
+
+class EchoResponder:
+    """The default responder: deterministic replies derived from the last user message.
+
+    Plain requests get ``"[sim] " + <last user message, whitespace-collapsed>``.
+    ``response_format={"type": "json_schema", ...}`` gets a document conforming to the
+    schema (see `schema_instance`); ``{"type": "json_object"}`` gets ``{"text": <prompt>}``.
+
+    Example::
+
+        >>> EchoResponder().respond("sim-model", [{"role": "user", "content": "hi  there"}], {})
+        '[sim] hi there'
+    """
+
+    def __init__(self, models: tuple[str, ...] | list[str] = ("sim-model",)):
+        self._models = list(models)
+
+    def models(self) -> list[str]:
+        return list(self._models)
+
+    def respond(self, model: str, messages: list[dict], params: dict) -> str:
+        text = prompt_text(messages)
+        fmt = params.get("response_format")
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind == "json_schema":
+            schema = (fmt.get("json_schema") or {}).get("schema") or {}
+            return json.dumps(schema_instance(schema, text), ensure_ascii=False)
+        if kind == "json_object":
+            return json.dumps({"text": text}, ensure_ascii=False)
+        return "[sim] " + text
+
+
+def load_responder(spec: str) -> Responder:
+    """Import ``"module:attr"`` (attr may be dotted); a class is instantiated without arguments."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"responder must look like 'module:attr', got {spec!r}")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj() if isinstance(obj, type) else obj
