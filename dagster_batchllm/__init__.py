@@ -12,9 +12,12 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _LAZY = {
+    "build_inference_asset": "dagster_batchllm.asset_factory",
+    "stats_metadata": "dagster_batchllm.metadata",
     "BatchInferenceResource": "dagster_batchllm.resource",
     "Endpoint": "dagster_batchllm.resource",
     "ModelPrice": "dagster_batchllm.resource",
+    "ManagedEndpoint": "dagster_batchllm.resource",
     "InferenceClient": "dagster_batchllm.client",
     "InferenceResult": "dagster_batchllm.results",
     "InferenceStats": "dagster_batchllm.results",
@@ -40,14 +43,19 @@ __all__ = [
     "InferenceSettings",
     "InferenceStats",
     "Ledger",
+    "build_inference_asset",
+    "stats_metadata",
+    "ManagedEndpoint",
     "ModelPrice",
 ]
 
 if TYPE_CHECKING:
+    from .asset_factory import build_inference_asset
     from .client import InferenceClient
     from .errors import BatchLLMError, ErrorType, InferenceConfigError
     from .ledger import Ledger
-    from .resource import BatchInferenceResource, Endpoint, ModelPrice
+    from .metadata import stats_metadata
+    from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, ModelPrice
     from .results import InferenceEstimate, InferenceResult, InferenceStats
     from .settings import EndpointSpec, InferenceSettings
 

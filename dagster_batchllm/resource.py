@@ -8,6 +8,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from .client import InferenceClient
+from .managed import ManagedEndpointSpec, RunningEndpoint, start_managed
 from .results import InferenceEstimate, InferenceResult
 from .settings import EndpointSpec, InferenceSettings
 
@@ -55,6 +56,26 @@ class Endpoint(dg.Config):
         )
 
 
+class ManagedEndpoint(dg.Config):
+    """An endpoint the resource starts on 127.0.0.1 at setup and stops at teardown."""
+
+    kind: Literal["classical"] = Field(
+        default="classical",
+        description="'classical': the embedded default — an extractive summarizer and a lexicon "
+        "classifier (models 'local-summarizer', 'local-classifier' and the router 'local') "
+        "behind the OpenAI protocol; no GPU, no network.",
+    )
+    name: str = Field(default="embedded", description="A unique endpoint name.")
+    max_concurrency: int = Field(default=16, description="Most requests in flight at once.")
+    process: bool = Field(
+        default=False, description="Serve from a subprocess instead of a thread of this one."
+    )
+
+    def to_spec(self) -> ManagedEndpointSpec:
+        return ManagedEndpointSpec(kind=self.kind, name=self.name,
+                                   max_concurrency=self.max_concurrency, process=self.process)
+
+
 class ModelPrice(dg.Config):
     """Prices used for cost estimates in metadata and dry runs."""
 
@@ -94,7 +115,14 @@ class BatchInferenceResource(dg.ConfigurableResource):
         )
     """
 
-    endpoints: list[Endpoint] = Field(description="The servers to spread requests over.")
+    endpoints: list[Endpoint] = Field(
+        default_factory=list, description="The servers to spread requests over."
+    )
+    managed_endpoints: list[ManagedEndpoint] = Field(
+        default_factory=list,
+        description="Endpoints this resource starts itself (e.g. the embedded default) and pools "
+        "with the others.",
+    )
     store_url: str | None = Field(
         default="sqlite:///batchllm.db",
         description="SQLAlchemy URL of the results ledger (SQLite file or PostgreSQL); "
@@ -146,11 +174,23 @@ class BatchInferenceResource(dg.ConfigurableResource):
 
     _client: InferenceClient | None = PrivateAttr(default=None)
     _log: Any = PrivateAttr(default=None)
+    _running: list[RunningEndpoint] = PrivateAttr(default_factory=list)
 
     def to_settings(self) -> InferenceSettings:
-        """The plain-data settings, safe to send to Spark executors or subprocesses."""
+        """The plain-data settings, safe to send to Spark executors or subprocesses.
+
+        Managed endpoints appear once started (in a run, or after first use of ``client``).
+        """
+        if not self.endpoints and not self.managed_endpoints:
+            raise dg.DagsterInvalidConfigError(
+                "BatchInferenceResource needs at least one endpoint: set endpoints=[Endpoint("
+                "name=..., base_url='http://host:8000/v1', models=[...])] or "
+                "managed_endpoints=[ManagedEndpoint()] for the embedded default.",
+                [], None,
+            )
         return InferenceSettings(
-            endpoints=tuple(e.to_spec() for e in self.endpoints),
+            endpoints=tuple(e.to_spec() for e in self.endpoints)
+            + tuple(r.spec for r in self._running),
             store_url=self.store_url,
             ledger_table=self.ledger_table,
             max_attempts=self.max_attempts,
@@ -177,18 +217,33 @@ class BatchInferenceResource(dg.ConfigurableResource):
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self._log = context.log
+        self._start_managed()
         self._client = InferenceClient(self.to_settings(), logger=context.log)
         self._client.ledger  # noqa: B018 - open the ledger now, so a bad store_url fails early
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the ledger and stop managed endpoints (done for you at the end of a run)."""
         if self._client is not None:
             self._client.close()
             self._client = None
+        running, self._running = self._running, []
+        for endpoint in running:
+            endpoint.stop()
+
+    def _start_managed(self) -> None:
+        if self._running or not self.managed_endpoints:
+            return
+        for managed in self.managed_endpoints:
+            self._running.append(start_managed(managed.to_spec()))
 
     @property
     def client(self) -> InferenceClient:
         """The core client (created on first use outside a Dagster run)."""
         if self._client is None:
+            self._start_managed()
             self._client = InferenceClient(self.to_settings(), logger=self._log)
         return self._client
 

@@ -177,9 +177,9 @@ class OpenAITransport:
         self._clients: dict[str, Any] = {}
 
     async def open(self, endpoints: tuple[EndpointSpec, ...]) -> None:
-        import httpx
         import openai
 
+        httpx = openai_http_library()
         for spec in endpoints:
             self._clients[spec.name] = openai.AsyncOpenAI(
                 base_url=spec.base_url,
@@ -218,6 +218,22 @@ class OpenAITransport:
         clients, self._clients = self._clients, {}
         for client in clients.values():
             await client.close()
+
+
+def openai_http_library() -> Any:
+    """The HTTP library the installed ``openai`` is built on: ``httpx``, or ``httpx2`` (openai 3).
+
+    ``openai.AsyncOpenAI(http_client=...)`` only accepts a client of that library.
+    """
+    import openai
+
+    if hasattr(openai, "DefaultAsyncHttpx2Client"):
+        import httpx2
+
+        return httpx2
+    import httpx
+
+    return httpx
 
 
 def make_transport(kind: str, *, timeout_s: float) -> Transport:

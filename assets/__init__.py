@@ -1,0 +1,1 @@
+"""The example code location's assets: cleaned -> inferred -> classified call transcripts."""

@@ -1,0 +1,257 @@
+"""``build_inference_asset``: "this table, this prompt, this model, this column" as an asset."""
+
+
+import json
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import dagster as dg
+
+from .checks import inference_check_results, inference_check_specs
+from .errors import InferenceConfigError
+from .ledger import validate_identifier
+from .metadata import merge_stats, stats_metadata
+from .prompts import normalize_response_format, template_fields
+
+_POSITION = "__batchllm_position"
+
+
+def build_inference_asset(
+    *,
+    name: str,
+    source: Any,
+    output_column: str,
+    prompt: str | None = None,
+    prompt_column: str | None = None,
+    messages_column: str | None = None,
+    system: str | None = None,
+    model: str | None = None,
+    model_column: str | None = None,
+    response_format: Any = None,
+    expand_fields: bool = True,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    generation_params: Mapping[str, Any] | None = None,
+    token_budget: int | None = None,
+    partitions_def: dg.PartitionsDefinition | None = None,
+    partition_column: str | None = None,
+    backfill_policy: dg.BackfillPolicy | None = None,
+    transform: Callable[[Any], Any] | None = None,
+    resource_key: str = "llm",
+    io_manager_key: str | None = None,
+    group_name: str | None = None,
+    description: str | None = None,
+    kinds: set[str] | None = None,
+    tags: Mapping[str, str] | None = None,
+    owners: Sequence[str] | None = None,
+    pool: str | None = None,
+    warn_failed_rate: float = 0.01,
+    error_failed_rate: float = 0.10,
+    preview_rows: int = 5,
+) -> dg.AssetsDefinition:
+    """Build a software-defined asset that runs batch inference over an upstream table.
+
+    The upstream asset's value (a pandas DataFrame, loaded by its IO manager) gets
+    ``output_column`` and ``<output_column>_error``; with a JSON-schema ``response_format`` the
+    reply's fields also become columns. Partitioned assets infer only their partitions' rows;
+    with ``partition_column`` a single run can cover many partitions (a single-run backfill) and
+    each partition's rows are still recorded in the ledger under their own partition key, so the
+    retry-partitions sensor can re-run exactly the partitions with failed or deferred rows.
+
+    Example::
+
+        import dagster as dg
+        from dagster_batchllm import BatchInferenceResource, Endpoint, build_inference_asset
+
+        summaries = build_inference_asset(
+            name="transcript_summaries",
+            source="cleaned_transcripts",
+            prompt="Summarize this call transcript: {transcript_text}",
+            model="llama-70b",
+            output_column="summary",
+            max_tokens=128,
+        )
+        defs = dg.Definitions(
+            assets=[summaries],
+            resources={"llm": BatchInferenceResource(endpoints=[Endpoint(
+                name="gpu-a", base_url="http://127.0.0.1:8000/v1", models=["llama-70b"])])},
+        )
+    """
+    _check_definition(
+        name=name, output_column=output_column, prompt=prompt, prompt_column=prompt_column,
+        messages_column=messages_column, system=system, model=model, model_column=model_column,
+        warn_failed_rate=warn_failed_rate, error_failed_rate=error_failed_rate,
+        partitions_def=partitions_def, partition_column=partition_column,
+        backfill_policy=backfill_policy,
+    )
+    try:
+        response_format = normalize_response_format(response_format)
+    except InferenceConfigError as exc:
+        raise dg.DagsterInvalidDefinitionError(f"build_inference_asset('{name}'): {exc}") from None
+    if partitions_def is not None and backfill_policy is None:
+        backfill_policy = (dg.BackfillPolicy.single_run() if partition_column
+                           else dg.BackfillPolicy.multi_run(1))
+    source_key = _asset_key(source)
+    asset_key = dg.AssetKey([name])
+    infer_kwargs: dict[str, Any] = {
+        "prompt": prompt, "prompt_column": prompt_column, "messages_column": messages_column,
+        "system": system, "model": model, "model_column": model_column,
+        "output_column": output_column, "response_format": response_format,
+        "max_tokens": max_tokens, "temperature": temperature, "token_budget": token_budget,
+        **dict(generation_params or {}),
+    }
+    infer_kwargs = {k: v for k, v in infer_kwargs.items() if v is not None}
+    schema_fields = _schema_fields(response_format) if expand_fields else []
+
+    with warnings.catch_warnings():
+        # backfill_policy is "beta" in Dagster; it is the documented way to run single-run
+        # backfills, and users of this factory did not pass it themselves.
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        decorator = dg.asset(
+            name=name,
+            ins={"source_table": dg.AssetIn(key=source_key)},
+            partitions_def=partitions_def,
+            backfill_policy=backfill_policy,
+            check_specs=inference_check_specs(asset_key),
+            required_resource_keys={resource_key},
+            io_manager_key=io_manager_key,
+            group_name=group_name,
+            description=description or _describe(prompt, prompt_column, messages_column, model,
+                                                 model_column, output_column),
+            kinds=kinds or {"openai", "pandas"},
+            tags=dict(tags or {}),
+            owners=list(owners) if owners else None,
+            pool=pool,
+            metadata={"batchllm/output_column": output_column},
+        )
+
+    def _inference_asset(context: dg.AssetExecutionContext, source_table):
+        llm = getattr(context.resources, resource_key)
+        parts = _split_by_partition(context, source_table, partition_column)
+        results = [
+            llm.infer(frame, context=context, partition_key=key, **infer_kwargs)
+            for key, frame in parts
+        ]
+        frames = [r.df for r in results]
+        table = _concat_in_order(frames) if _POSITION in frames[0].columns else frames[0]
+        if schema_fields:
+            table = _expand_fields(table, output_column, schema_fields)
+        if transform is not None:
+            table = transform(table)
+        stats = merge_stats([r.stats for r in results])
+        yield dg.Output(table, metadata=stats_metadata(stats, table, preview_rows))
+        yield from inference_check_results(
+            asset_key, stats, input_rows=len(source_table), output_rows=len(table),
+            warn_failed_rate=warn_failed_rate, error_failed_rate=error_failed_rate,
+        )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return decorator(_inference_asset)
+
+
+def _check_definition(*, name, output_column, prompt, prompt_column, messages_column, system,
+                      model, model_column, warn_failed_rate, error_failed_rate, partitions_def,
+                      partition_column, backfill_policy) -> None:
+    where = f"build_inference_asset('{name}')"
+    try:
+        validate_identifier(name, "name")
+        validate_identifier(output_column, "output_column")
+        for template in (prompt, system):
+            if template is not None:
+                template_fields(template)
+    except InferenceConfigError as exc:
+        raise dg.DagsterInvalidDefinitionError(f"{where}: {exc}") from None
+    sources = [v for v in (prompt, prompt_column, messages_column) if v is not None]
+    if len(sources) != 1:
+        raise dg.DagsterInvalidDefinitionError(
+            f"{where}: pass exactly one of prompt= (a template such as 'Summarize: {{text}}'), "
+            "prompt_column= or messages_column=."
+        )
+    if model is not None and model_column is not None:
+        raise dg.DagsterInvalidDefinitionError(
+            f"{where}: pass model= or model_column=, not both (or neither, to use the "
+            "resource's default_model)."
+        )
+    if not 0 <= warn_failed_rate <= error_failed_rate <= 1:
+        raise dg.DagsterInvalidDefinitionError(
+            f"{where}: need 0 <= warn_failed_rate <= error_failed_rate <= 1, got "
+            f"{warn_failed_rate} and {error_failed_rate}."
+        )
+    if partition_column is not None and partitions_def is None:
+        raise dg.DagsterInvalidDefinitionError(
+            f"{where}: partition_column is only meaningful with partitions_def."
+        )
+    if (partitions_def is not None and partition_column is None and backfill_policy is not None
+            and (backfill_policy.max_partitions_per_run or 2) > 1):
+        raise dg.DagsterInvalidDefinitionError(
+            f"{where}: a backfill policy with several partitions per run needs "
+            "partition_column= (the column holding each row's partition key), so each "
+            "partition's rows are recorded under their own key."
+        )
+
+
+def _asset_key(source: Any) -> dg.AssetKey:
+    if isinstance(source, dg.AssetsDefinition):
+        return source.key
+    if isinstance(source, dg.AssetSpec):
+        return source.key
+    return dg.AssetKey.from_coercible(source)
+
+
+def _split_by_partition(context: dg.AssetExecutionContext, df: Any,
+                        partition_column: str | None) -> list[tuple[str | None, Any]]:
+    if not context.has_partition_key_range and not context.has_partition_key:
+        return [(None, df)]
+    keys = list(context.partition_keys)
+    if len(keys) == 1:
+        return [(keys[0], df)]
+    if partition_column is None or partition_column not in df.columns:
+        raise dg.Failure(
+            f"This run covers {len(keys)} partitions but the input has no partition column "
+            f"{partition_column!r}; set partition_column= on the asset."
+        )
+    labels = df[partition_column].astype(str)
+    unknown = sorted(set(labels) - set(keys))
+    if unknown:
+        raise dg.Failure(f"Input rows belong to partitions outside this run: {unknown[:5]}")
+    if df.empty:
+        return [(keys[0], df)]
+    positioned = df.assign(**{_POSITION: range(len(df))})
+    return [(key, positioned[labels.to_numpy() == key]) for key in keys
+            if (labels == key).any()]
+
+
+def _concat_in_order(frames: list[Any]) -> Any:
+    import pandas as pd
+
+    table = pd.concat(frames).sort_values(_POSITION, kind="stable")
+    return table.drop(columns=[_POSITION])
+
+
+def _schema_fields(response_format: Mapping[str, Any] | None) -> list[str]:
+    if not response_format or response_format.get("type") != "json_schema":
+        return []
+    schema = response_format["json_schema"].get("schema") or {}
+    properties = schema.get("properties")
+    return list(properties) if schema.get("type") == "object" and properties else []
+
+
+def _expand_fields(df: Any, output_column: str, fields: list[str]) -> Any:
+    """Structured replies: one column per schema field, and the reply itself as JSON text."""
+    out = df.copy()
+    values = out[output_column]
+    for field in fields:
+        column = field if field not in out.columns else f"{output_column}_{field}"
+        out[column] = values.map(lambda v, f=field: v.get(f) if isinstance(v, dict) else None)
+    out[output_column] = values.map(lambda v: json.dumps(v) if isinstance(v, dict) else v)
+    return out
+
+
+def _describe(prompt, prompt_column, messages_column, model, model_column, output_column) -> str:
+    what = (f"prompt template `{prompt}`" if prompt else
+            f"prompts from column `{prompt_column or messages_column}`")
+    who = f"model `{model}`" if model else (
+        f"per-row models from `{model_column}`" if model_column else "the default model")
+    return f"Batch LLM inference: {what} with {who}, answers in `{output_column}`."

@@ -1,0 +1,60 @@
+"""Endpoints the library starts and stops itself, pooled like any other endpoint.
+
+``classical`` is the embedded default: classical NLP models (an extractive summarizer and a
+lexicon classifier that honours JSON-schema enums) behind the same OpenAI-compatible protocol, on
+127.0.0.1. It needs no GPU and no network, so the example pipeline runs anywhere; point the
+resource at real vLLM / OpenAI endpoints for real LLM output.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from .settings import EndpointSpec
+
+MANAGED_KINDS = ("classical",)
+
+
+@dataclass(frozen=True)
+class ManagedEndpointSpec:
+    kind: str
+    name: str
+    max_concurrency: int = 16
+    process: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in MANAGED_KINDS:
+            raise ValueError(
+                f"Managed endpoint '{self.name}': unknown kind {self.kind!r}; "
+                f"known kinds: {list(MANAGED_KINDS)}."
+            )
+
+
+class RunningEndpoint:
+    """A started managed endpoint: its spec for the pool, and how to stop it."""
+
+    def __init__(self, spec: EndpointSpec, server: Any):
+        self.spec = spec
+        self._server = server
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
+
+
+def start_managed(managed: ManagedEndpointSpec) -> RunningEndpoint:
+    from .local import LOCAL_MODELS, start_local_endpoint
+    from .local.models import ALIAS
+
+    server = start_local_endpoint(process=managed.process,
+                                  max_concurrency=max(1, managed.max_concurrency))
+    spec = EndpointSpec(
+        name=managed.name, base_url=server.base_url, models=(*LOCAL_MODELS, ALIAS),
+        max_concurrency=managed.max_concurrency,
+    )
+    return RunningEndpoint(spec, server)
