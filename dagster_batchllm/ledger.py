@@ -57,6 +57,40 @@ def redact_url(url: str) -> str:
         return "<unparseable store_url>"
 
 
+def make_engine(url: str) -> sa.Engine:
+    """A SQLAlchemy engine that several processes can share, SQLite files included."""
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise InferenceConfigError(f"store_url is not a SQLAlchemy URL: {exc}") from None
+    if parsed.get_backend_name() != "sqlite":
+        return sa.create_engine(url, pool_pre_ping=True, future=True)
+    in_memory = parsed.database in (None, "", ":memory:")
+    kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 60}}
+    if in_memory:
+        kwargs["poolclass"] = sa.pool.StaticPool
+    engine = sa.create_engine(url, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_connection, _record):
+        # Let SQLAlchemy's "begin" event open transactions, so writers can BEGIN IMMEDIATE:
+        # a deferred transaction that upgrades to a write lock fails at once under contention
+        # instead of waiting for the busy timeout.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        if not in_memory:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection):
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
 def _ledger_table(name: str) -> sa.Table:
     schema, _, table = name.rpartition(".")
     metadata = sa.MetaData(schema=schema or None)
@@ -92,41 +126,8 @@ class Ledger:
         self.url = normalize_store_url(url or "sqlite://")
         self.in_memory = self.url in ("sqlite://", "sqlite:///:memory:")
         self.table = _ledger_table(table_name)
-        self.engine = self._make_engine(self.url)
+        self.engine = make_engine(self.url)
         self._create_table()
-
-    @staticmethod
-    def _make_engine(url: str) -> sa.Engine:
-        try:
-            parsed = sa.engine.make_url(url)
-        except sa.exc.ArgumentError as exc:
-            raise InferenceConfigError(f"store_url is not a SQLAlchemy URL: {exc}") from None
-        if parsed.get_backend_name() != "sqlite":
-            return sa.create_engine(url, pool_pre_ping=True, future=True)
-        in_memory = parsed.database in (None, "", ":memory:")
-        kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 60}}
-        if in_memory:
-            kwargs["poolclass"] = sa.pool.StaticPool
-        engine = sa.create_engine(url, **kwargs)
-
-        @event.listens_for(engine, "connect")
-        def _configure(dbapi_connection, _record):
-            # Let SQLAlchemy's "begin" event open transactions, so writers can BEGIN IMMEDIATE:
-            # a deferred transaction that upgrades to a write lock fails at once under contention
-            # instead of waiting for the busy timeout.
-            dbapi_connection.isolation_level = None
-            cursor = dbapi_connection.cursor()
-            if not in_memory:
-                cursor.execute("PRAGMA journal_mode=WAL")
-                cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute("PRAGMA busy_timeout=60000")
-            cursor.close()
-
-        @event.listens_for(engine, "begin")
-        def _begin(connection):
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
-
-        return engine
 
     def _create_table(self) -> None:
         try:

@@ -16,7 +16,7 @@ import pandas as pd
 import sqlalchemy as sa
 from pydantic import Field, PrivateAttr
 
-from dagster_batchllm.ledger import Ledger, redact_url, validate_identifier
+from dagster_batchllm.ledger import make_engine, redact_url, validate_identifier
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA_DIR = REPO_ROOT / "data"
@@ -47,7 +47,7 @@ class WarehouseResource(dg.ConfigurableResource):
                 Path(url.database).parent.mkdir(parents=True, exist_ok=True)
             # The ledger's engine setup (WAL, busy timeout, BEGIN IMMEDIATE) is what several
             # processes writing one SQLite file need; reuse it rather than repeat it.
-            self._engine = Ledger._make_engine(self.url)
+            self._engine = make_engine(self.url)
             if self.seed_source:
                 self.ensure_source_table()
         return self._engine
