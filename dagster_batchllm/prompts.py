@@ -26,7 +26,7 @@ _TEMPLATE_TOKENS_PER_REQUEST = 8
 # For dry runs and cost estimates: the usual ~4 characters per token of English text.
 _TYPICAL_CHARS_PER_TOKEN = 4
 
-_GENERATION_PARAMS = (
+GENERATION_PARAMS = (
     "max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",
     "frequency_penalty", "n", "logit_bias", "user",
 )
@@ -58,8 +58,15 @@ class PromptSpec:
     def template_fields(self) -> list[str]:
         return template_fields(self.template) if self.template else []
 
+    def system_fields(self) -> list[str]:
+        # A system template is rendered per row, except over a messages column (which holds
+        # whole conversations).
+        if self.system and self.messages_column is None:
+            return template_fields(self.system)
+        return []
+
     def input_columns(self) -> list[str]:
-        cols = list(self.template_fields())
+        cols = list(self.template_fields()) + self.system_fields()
         for col in (self.prompt_column, self.messages_column, self.model_column):
             if col:
                 cols.append(col)
@@ -136,19 +143,38 @@ def build_prompt_spec(
         system=system, model=model, model_column=model_column,
         params=dict(params), response_format=normalize_response_format(response_format),
     )
+    for text, what in ((prompt, "prompt template"), (system, "system template")):
+        if text is not None:
+            _check_template(text, what)
     missing = [c for c in spec.input_columns() if c not in columns]
     if missing:
         raise InferenceConfigError(
             f"Column(s) {missing} are not in the input table; available columns: {list(columns)}."
         )
-    if system is not None:
-        template_fields(system)
-    unknown = [k for k in params if k not in _GENERATION_PARAMS and not k.startswith("extra_")]
+    unknown = [k for k in params if k not in GENERATION_PARAMS and not k.startswith("extra_")]
     if unknown:
         raise InferenceConfigError(
-            f"Unknown generation parameter(s) {unknown}; supported: {list(_GENERATION_PARAMS)}."
+            f"Unknown generation parameter(s) {unknown}; supported: {list(GENERATION_PARAMS)}."
         )
     return spec
+
+
+def _check_template(template: str, what: str) -> None:
+    """Refuse, before anything is sent, a template that cannot render text cells."""
+    fields = template_fields(template)
+    for _, name, _, _ in string.Formatter().parse(template):
+        if name is not None and ("." in name or "[" in name):
+            raise InferenceConfigError(
+                f"The {what} refers to '{{{name}}}': name plain columns; attribute and index "
+                "access are not supported."
+            )
+    try:
+        template.format_map(dict.fromkeys(fields, "text"))
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise InferenceConfigError(
+            f"The {what} cannot be rendered ({type(exc).__name__}: {exc}). Cells are rendered "
+            "as text, so numeric format specs such as '{price:.2f}' do not apply."
+        ) from None
 
 
 def normalize_response_format(response_format: Any) -> dict[str, Any] | None:
@@ -201,7 +227,7 @@ def iter_row_requests(
     columns = spec.input_columns()
     position = {c: i for i, c in enumerate(columns)}
     fields = spec.template_fields()
-    system_fields = template_fields(spec.system) if spec.system else []
+    system_fields = spec.system_fields()
     params = dict(spec.params)
     if params.get("max_tokens") is None:
         # Always bound the completion: a budget can only be kept if every reply is bounded.
@@ -259,7 +285,10 @@ def make_request(
 
 def _render(template: str, fields: list[str], row: tuple, position: dict[str, int]) -> str:
     values = {name: _cell_text(row[position[name]], name) for name in fields}
-    text = template.format_map(values)
+    try:
+        text = template.format_map(values)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise InvalidInputError(f"the template cannot be rendered for this row ({exc})") from None
     if not text.strip():
         raise InvalidInputError("the rendered prompt is empty")
     return text

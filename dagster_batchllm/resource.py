@@ -279,7 +279,9 @@ def _context_kwargs(context: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     if context is None:
         return kwargs
     merged = dict(kwargs)
-    merged.setdefault("run_id", getattr(context, "run_id", None))
+    # context.run.run_id: the context's own run_id attribute is deprecated in Dagster 1.13.
+    run = getattr(context, "run", None)
+    merged.setdefault("run_id", getattr(run, "run_id", None))
     merged.setdefault("logger", getattr(context, "log", None))
     if "partition_key" not in merged and getattr(context, "has_partition_key", False):
         merged["partition_key"] = context.partition_key

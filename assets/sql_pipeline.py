@@ -1,0 +1,139 @@
+"""The summaries and risk labels again, written as ONE SQL query with ``ai_query`` on DuckDB.
+
+This is the Databricks example's CTE pipeline (preprocessing, LLM inference, ``CASE ... LIKE``
+post-processing) run in an in-memory DuckDB over one day's raw transcripts. It is the SQL twin of
+``transcript_summaries`` + ``classified_transcripts``: the same prompt and generation parameters,
+so both variants share answers through the ledger (whichever runs second sends nothing new).
+
+Written in DuckDB's dialect: ``regexp_replace`` needs the ``'g'`` option to replace every match
+(Databricks replaces all by default), ``'\\s'`` is written ``\\s`` (DuckDB string literals have no
+backslash escapes), and optional arguments are named with ``:=`` where Databricks uses ``=>``.
+Two more departures, both deliberate: ``failOnError := false`` keeps a failed row as data
+(``summary_error``) instead of failing the partition, and a blank transcript is not sent (its
+summary is NULL, as for a NULL transcript). The classified table keeps every call; the Databricks
+example's final ``WHERE risk_level IN ('High Risk', 'Medium Risk')`` is a query on it::
+
+    SELECT * FROM sql_classified_transcripts WHERE risk_level IN ('High Risk', 'Medium Risk')
+
+Run it in the example location, or on its own::
+
+    dg.materialize(sql_assets, partition_key="2026-11-03",
+                   resources={"llm": llm, "warehouse": warehouse})
+"""
+
+import dagster as dg
+import duckdb
+
+from dagster_batchllm.ledger import redact_url
+from dagster_batchllm.metadata import stats_metadata
+from dagster_batchllm.sql import register_ai_functions
+
+from .partitions import daily_partitions
+
+SOURCE_TABLE = "call_center_transcripts"
+SUMMARIES_TABLE = "sql_transcript_summaries"
+CLASSIFIED_TABLE = "sql_classified_transcripts"
+
+# `$endpoint` is bound to llm.default_model at run time.
+PIPELINE_SQL = r"""
+-- Step 1: Preprocessing
+WITH cleaned_data AS (
+    SELECT call_id, call_timestamp, agent, customer_id,
+           left(CAST(call_timestamp AS VARCHAR), 10) AS call_date,
+           LOWER(regexp_replace(transcript_raw_text, '[^a-zA-Z\s]', '', 'g')) AS transcript_text
+    FROM call_center_transcripts
+),
+
+-- Step 2: LLM inference
+inference_result AS (
+    SELECT *,
+           ai_query($endpoint,
+                    CASE WHEN trim(transcript_text) <> ''
+                         THEN 'Summarize this call transcript: ' || transcript_text END,
+                    failOnError := false,
+                    modelParameters := {'max_tokens': 128, 'temperature': 0.0}) AS inference
+    FROM cleaned_data
+),
+
+-- Step 3: Post-processing
+final_result AS (
+    SELECT call_id, call_timestamp, call_date, agent, customer_id, transcript_text,
+           inference.result AS summary_analysis,
+           inference.errorMessage AS summary_error,
+           CASE WHEN inference.result IS NULL THEN NULL
+                WHEN inference.result LIKE '%angry%' THEN 'High Risk'
+                WHEN inference.result LIKE '%upset%' THEN 'Medium Risk'
+                ELSE 'Low Risk' END AS risk_level,
+           CASE WHEN inference.result IS NULL THEN NULL
+                WHEN inference.result LIKE '%refund%' THEN 'Refund Request'
+                WHEN inference.result LIKE '%complaint%' THEN 'Complaint'
+                ELSE 'General Inquiry' END AS action_required
+    FROM inference_result
+)
+
+SELECT * FROM final_result ORDER BY call_timestamp, call_id
+"""
+
+SUMMARY_COLUMNS = ["call_id", "call_timestamp", "call_date", "agent", "customer_id",
+                   "transcript_text", "summary_analysis", "summary_error"]
+CLASSIFIED_COLUMNS = ["call_id", "call_timestamp", "call_date", "summary_analysis",
+                      "risk_level", "action_required"]
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec(
+            SUMMARIES_TABLE, deps=[SOURCE_TABLE], group_name="sql_pipeline",
+            kinds={"duckdb", "sql"},
+            description="Call summaries from ai_query in one DuckDB SQL query (the Databricks "
+                        "example's CTE pipeline); failed rows keep their error in summary_error.",
+        ),
+        dg.AssetSpec(
+            CLASSIFIED_TABLE, deps=[SUMMARIES_TABLE], group_name="sql_pipeline",
+            kinds={"duckdb", "sql"},
+            description="Risk level and action required from CASE ... LIKE rules over the "
+                        "summaries, computed in the same SQL query.",
+        ),
+    ],
+    partitions_def=daily_partitions,
+    required_resource_keys={"llm", "warehouse"},
+)
+def sql_transcript_pipeline(context: dg.AssetExecutionContext):
+    """Run ``PIPELINE_SQL`` over the partition's raw transcripts; write both tables."""
+    llm, warehouse = context.resources.llm, context.resources.warehouse
+    partition = context.partition_key
+    raw = warehouse.read_partition(SOURCE_TABLE, partition)
+    con = duckdb.connect()
+    try:
+        con.register(SOURCE_TABLE, raw)
+        with register_ai_functions(con, llm, context=context) as ai:
+            result = ai.execute(PIPELINE_SQL, {"endpoint": llm.default_model}).df()
+            stats = ai.stats
+    finally:
+        con.close()
+    summaries = result[SUMMARY_COLUMNS]
+    classified = result[CLASSIFIED_COLUMNS]
+    warehouse.write_partition(SUMMARIES_TABLE, summaries, partition)
+    warehouse.write_partition(CLASSIFIED_TABLE, classified, partition)
+    location = {"warehouse": redact_url(warehouse.url),
+                "sql": dg.MetadataValue.md(f"```sql\n{PIPELINE_SQL.strip()}\n```")}
+    yield dg.MaterializeResult(
+        asset_key=SUMMARIES_TABLE,
+        metadata={**stats_metadata(stats, summaries), **location,
+                  "dagster/table_name": f"main.{SUMMARIES_TABLE}"},
+    )
+    labelled = classified["risk_level"].notna()
+    yield dg.MaterializeResult(
+        asset_key=CLASSIFIED_TABLE,
+        metadata={
+            "dagster/row_count": len(classified),
+            "dagster/table_name": f"main.{CLASSIFIED_TABLE}",
+            "high_risk_calls": int((classified["risk_level"] == "High Risk").sum()),
+            "refund_requests": int((classified["action_required"] == "Refund Request").sum()),
+            "unlabelled_calls": int((~labelled).sum()),
+            **location,
+        },
+    )
+
+
+sql_assets = [sql_transcript_pipeline]

@@ -1,0 +1,46 @@
+"""``ai_query`` and the Databricks AI functions in SQL, on DuckDB and SQLite.
+
+One call installs them on a connection, backed by the same inference core as
+``BatchInferenceResource.infer`` (endpoint pool, retries, token budgets, results ledger)::
+
+    import duckdb
+    from dagster_batchllm.sql import register_ai_functions
+
+    con = duckdb.connect()
+    register_ai_functions(con, llm)  # a BatchInferenceResource, InferenceClient or settings
+    con.sql(\"\"\"
+        SELECT call_id,
+               ai_query('llama-70b', 'Summarize this call transcript: ' || transcript) AS summary,
+               ai_classify(transcript, ['refund', 'complaint', 'question']) AS topic,
+               ai_query('llama-70b', transcript,
+                        responseFormat := 'STRUCT<risk: STRING, score: INT>') AS assessment
+        FROM call_center_transcripts
+    \"\"\").df()
+
+Functions: ``ai_query(endpoint, request, returnType, failOnError, modelParameters,
+responseFormat)``, ``ai_summarize(content[, max_words])``, ``ai_classify(content, labels)``,
+``ai_extract(content, labels)``, ``ai_analyze_sentiment(content)``, ``ai_translate(content,
+to_lang)``, ``ai_fix_grammar(content)``, ``ai_mask(content, labels)``, ``ai_gen(prompt)``,
+``ai_similarity(expr1, expr2)``; each AI function also takes an optional ``endpoint``.
+
+Calls are batched: DuckDB passes whole vectors (see :mod:`.duckdb_engine`); on SQLite run
+statements through :func:`execute` (see :mod:`.sqlite_engine` for the two-pass plan). Identical
+requests are sent once, and answers already in the ledger are not sent again, so rerunning a
+query sends nothing new. NULL inputs give NULL without a request.
+"""
+
+from .api import AIFunctions, execute, handle_for, register_ai_functions
+from .functions import FUNCTIONS
+from .outcomes import AIQueryError
+from .types import SQLType, parse_type
+
+__all__ = [
+    "FUNCTIONS",
+    "AIFunctions",
+    "AIQueryError",
+    "SQLType",
+    "execute",
+    "handle_for",
+    "parse_type",
+    "register_ai_functions",
+]

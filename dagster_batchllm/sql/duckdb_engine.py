@@ -1,0 +1,179 @@
+"""The AI functions on DuckDB: vectorized Arrow UDFs under macros with named parameters.
+
+Each SQL function is a macro, so Databricks' optional arguments work as DuckDB named
+parameters with defaults::
+
+    ai_query('llama-70b', request, failOnError := false, modelParameters := {'max_tokens': 64})
+
+The macro expands to two Python functions:
+
+* ``__batchllm_call(function, endpoint, text1, text2, options)`` — an Arrow UDF. DuckDB hands
+  it a whole vector (2048 rows); its distinct requests go through the pool concurrently in one
+  ``infer`` call, and identical ones are sent once. It returns JSON text.
+* ``__batchllm_type(function, argument types, options)`` — evaluated once while DuckDB binds the
+  query, on constant arguments only. It checks every argument's type (``typeof``) and the
+  options that shape the result (``returnType``, ``failOnError``, ``responseFormat``, the labels
+  of ``ai_extract``), and returns the ``from_json`` structure of the result. So a result is a
+  STRUCT where the call asks for one, and argument mistakes fail the query before any request is
+  sent. Those options must therefore be constants, as in Databricks.
+
+``from_json(call, type)`` joins the two. Example::
+
+    import duckdb
+    from dagster_batchllm.sql import register_ai_functions
+
+    con = duckdb.connect()
+    register_ai_functions(con, llm)
+    con.sql(\"\"\"
+        SELECT ai_query('sim-model', 'Classify: ' || text,
+                        responseFormat := 'STRUCT<risk: STRING, score: INT>').risk
+        FROM tickets\"\"\")
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from typing import Any
+
+from ..errors import InferenceConfigError
+from .calls import BoundCall
+from .functions import BOOLEAN, FUNCTIONS, INTEGER, LABELS, OBJECT, REQUIRED, TEXT, AIFunction
+from .outcomes import as_json, failure, with_error
+from .runtime import Row, Runtime
+
+CALL_UDF = "__batchllm_call"
+TYPE_UDF = "__batchllm_type"
+
+_INTEGERS = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
+             "UINTEGER", "UBIGINT", "UHUGEINT"}
+_ACCEPTS = {
+    TEXT: lambda t: t in ("VARCHAR", "JSON") or t.startswith("ENUM("),
+    INTEGER: lambda t: t in _INTEGERS,
+    BOOLEAN: lambda t: t == "BOOLEAN",
+    LABELS: lambda t: t in ("VARCHAR", "JSON") or re.fullmatch(r"VARCHAR(\[\d*\])", t) is not None,
+    OBJECT: lambda t: t in ("VARCHAR", "JSON") or t.startswith(("STRUCT(", "MAP(")),
+}
+
+
+class DuckDBFunctions:
+    """Installs the functions on one DuckDB connection; answers through ``runtime``."""
+
+    name = "duckdb"  # also the sqlglot dialect a translated query would target
+
+    def __init__(self, connection: Any, runtime: Runtime):
+        self.connection = connection
+        self.runtime = runtime
+        self._bind = lru_cache(maxsize=1024)(self._bind_uncached)
+
+    def install(self) -> None:
+        import duckdb
+
+        con = self.connection
+        for udf in (CALL_UDF, TYPE_UDF):
+            try:
+                con.remove_function(udf)
+            except duckdb.InvalidInputException:
+                pass  # not registered yet
+        con.create_function(TYPE_UDF, result_structure, ["VARCHAR", "VARCHAR[]", "VARCHAR"],
+                            "VARCHAR", null_handling="special", side_effects=False)
+        # side_effects=True: DuckDB must not evaluate a call twice (it would, for an expression
+        # that a CTE's outer query refers to several times) nor fold it away.
+        con.create_function(CALL_UDF, self._call, ["VARCHAR"] * 5, "VARCHAR", type="arrow",
+                            null_handling="special", side_effects=True)
+        for function in FUNCTIONS.values():
+            con.execute(macro_sql(function))
+
+    def execute(self, query: str, parameters: Any = None) -> Any:
+        """Run one statement; DuckDB already batches, so this is ``connection.execute``."""
+        return self.connection.execute(query, parameters)
+
+    # -- the vectorized call ----------------------------------------------------------------
+    def _bind_uncached(self, function: str, options: str) -> BoundCall:
+        return FUNCTIONS[function].bind(json.loads(options))
+
+    def _call(self, function, endpoint, text1, text2, options):
+        import pyarrow as pa
+
+        spec = FUNCTIONS[function[0].as_py()]
+        endpoints, firsts = endpoint.to_pylist(), text1.to_pylist()
+        seconds, option_texts = text2.to_pylist(), options.to_pylist()
+        groups: dict[str, list[int]] = {}
+        for i, option_text in enumerate(option_texts):
+            groups.setdefault(option_text, []).append(i)
+        models: dict[Any, str] = {}
+        batches: list[tuple[BoundCall, list[Row]]] = []
+        for option_text, indices in groups.items():
+            call = self._bind(spec.name, option_text)
+            rows: list[Row] = []
+            for i in indices:
+                texts = (firsts[i], seconds[i])[:len(spec.text_params)]
+                if any(t is None for t in texts):
+                    rows.append(("", None))  # NULL in, NULL out: nothing to send
+                    continue
+                if endpoints[i] not in models:
+                    models[endpoints[i]] = self.runtime.model_for(
+                        spec.name, endpoints[i], required=spec.endpoint_required)
+                rows.append((models[endpoints[i]], spec.render(*texts)))
+            batches.append((call, rows))
+        results = self.runtime.answer(batches)
+        out: list[str | None] = [None] * len(firsts)
+        errors: list[str] = []
+        for (call, _), indices, outcomes in zip(batches, groups.values(), results, strict=True):
+            for i, (value, error) in zip(indices, outcomes, strict=True):
+                if not call.fail_on_error:
+                    out[i] = with_error(value, error)
+                elif error is not None:
+                    errors.append(error)
+                elif value is not None:
+                    out[i] = as_json(value)
+        if errors:
+            raise failure(spec.name, errors, len(firsts))
+        return pa.array(out, type=pa.string())
+
+
+def result_structure(function: str, types: list[str], options: str) -> str:
+    """Bind time: check argument types, return the ``from_json`` structure of the result."""
+    spec = FUNCTIONS[function]
+    for param, type_name in zip(spec.params, types, strict=True):
+        type_name = type_name.strip('"')
+        if type_name == "NULL" or _ACCEPTS[param.accepts](type_name):
+            continue
+        hint = " (cast it with CAST(... AS VARCHAR))" if param.accepts == TEXT else ""
+        raise InferenceConfigError(
+            f"{spec.name}: argument '{param.name}' must be {_article(param.accepts)}, "
+            f"got {type_name}{hint}. Signature: {spec.signature()}.")
+    call_type = spec.result_type(json.loads(options))
+    return json.dumps(call_type.duckdb_structure())
+
+
+def _article(family: str) -> str:
+    return f"an {family}" if family[0] in "AEIOU" else f"a {family}"
+
+
+def macro_sql(spec: AIFunction) -> str:
+    """``CREATE TEMP MACRO`` for one function (named parameters carry the defaults)."""
+    params = ", ".join(p.name if p.default is REQUIRED else f"{p.name} := {_literal(p.default)}"
+                       for p in spec.params)
+    # The casts let the call bind whatever was passed, so that the type check below is what
+    # reports a wrong argument type (by name) rather than DuckDB's "no function matches".
+    texts = ([f"CAST({p.name} AS VARCHAR)" for p in spec.text_params]
+             + ["NULL"] * (2 - len(spec.text_params)))
+    options = ", ".join(f"'{p.name}', {p.name}" for p in spec.option_params)
+    shaping = ", ".join(f"'{p.name}', {p.name}" for p in spec.option_params if p.shapes_result)
+    types = ", ".join(f"typeof({p.name})" for p in spec.params)
+    return (
+        f"CREATE OR REPLACE TEMP MACRO {spec.name}({params}) AS from_json("
+        f"{CALL_UDF}('{spec.name}', CAST(endpoint AS VARCHAR), {texts[0]}, {texts[1]}, "
+        f"json_object({options})), "
+        f"{TYPE_UDF}('{spec.name}', [{types}], json_object({shaping})))"
+    )
+
+
+def _literal(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(int(value))

@@ -1,0 +1,234 @@
+"""The batch runtime behind the SQL functions: one event loop, many rows per ``infer`` call.
+
+The engines hand over whole batches (a DuckDB vector of 2048 rows, or every distinct request
+SQLite's first pass collected) and block until they are answered. The batches run on one event
+loop in a daemon thread, started on first use and kept for the connection's life: the endpoint
+pool, its breakers and rate limits then span the whole query, and DuckDB threads that call in at
+the same time share one concurrency limit instead of each bringing their own.
+
+Identical requests are sent once per query even when DuckDB evaluates two vectors in parallel:
+a request already in flight for another batch is awaited, not sent again. Answers of earlier
+batches come from the ledger (``infer`` looks every key up before sending).
+
+Example::
+
+    runtime = Runtime(client, default_model="sim-model")
+    call = FUNCTIONS["ai_query"].bind({})
+    [(value, error)] = runtime.answer([(call, [("sim-model", "Say hi")])])[0]
+    runtime.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import InferenceConfigError, RowError
+from ..results import InferenceStats
+from .calls import BoundCall
+
+Outcome = tuple[Any, "str | None"]  # (SQL value, "<error_type>: <message>" or None)
+Row = tuple[str, "str | None"]  # (model, user message); a None message is SQL NULL: not sent
+NULL_OUTCOME: Outcome = (None, None)
+
+_SUMMED = ("rows", "succeeded", "failed", "deferred", "cached", "deduplicated", "requests",
+           "retries", "prompt_tokens", "completion_tokens", "elapsed_s")
+
+
+class Runtime:
+    """Answers batches of rows for bound calls through one :class:`InferenceClient`."""
+
+    def __init__(self, client: Any, *, default_model: str | None = None,
+                 partition_key: str | None = None, run_id: str | None = None,
+                 logger: Any = None, owns_client: bool = False):
+        self.client = client
+        self.default_model = default_model or client.settings.default_model
+        self.partition_key = partition_key
+        self.run_id = run_id
+        self.logger = logger
+        self._owns_client = owns_client
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._inflight: dict[tuple[str, str, str], asyncio.Future] = {}  # loop thread only
+        self._stats = InferenceStats()
+        self._stats_lock = threading.Lock()
+
+    # -- models -----------------------------------------------------------------------------
+    def model_for(self, function: str, endpoint: Any, *, required: bool) -> str:
+        """The served model an ``endpoint`` argument names; None means the default model."""
+        served = self.client.settings.models
+        if endpoint is None:
+            if required:
+                raise InferenceConfigError(f"{function}: argument 'endpoint' is NULL.")
+            model = self.default_model or (next(iter(served)) if len(served) == 1 else None)
+            if model is None:
+                raise InferenceConfigError(
+                    f"{function}: no default model; pass the argument 'endpoint' (one of "
+                    f"{sorted(served)}) or set default_model.")
+            endpoint = model
+        if not isinstance(endpoint, str):
+            raise InferenceConfigError(
+                f"{function}: argument 'endpoint' must be a STRING naming a served model, got "
+                f"{type(endpoint).__name__} {endpoint!r}.")
+        if endpoint not in served:
+            raise InferenceConfigError(
+                f"{function}: argument 'endpoint' names '{endpoint}', which no configured "
+                f"endpoint serves; served models: {sorted(served)}.")
+        return endpoint
+
+    # -- answering --------------------------------------------------------------------------
+    def answer(self, batches: Sequence[tuple[BoundCall, Sequence[Row]]]) -> list[list[Outcome]]:
+        """Answer every row of every batch (batches run concurrently); blocks until done."""
+        if not batches:
+            return []
+        future = asyncio.run_coroutine_threadsafe(self._answer_all(batches), self._ensure_loop())
+        return future.result()
+
+    async def _answer_all(self, batches):
+        return list(await asyncio.gather(*(self._answer_batch(call, rows)
+                                           for call, rows in batches)))
+
+    async def _answer_batch(self, call: BoundCall, rows: Sequence[Row]) -> list[Outcome]:
+        loop = asyncio.get_running_loop()
+        mine: dict[tuple[str, str, str], list[int]] = {}
+        theirs: dict[tuple[str, str, str], tuple[asyncio.Future, list[int]]] = {}
+        for i, (model, text) in enumerate(rows):
+            if text is None:
+                continue
+            key = (call.request_id, model, text)
+            if key in mine:
+                mine[key].append(i)
+            elif key in theirs:
+                theirs[key][1].append(i)
+            elif key in self._inflight:
+                theirs[key] = (self._inflight[key], [i])
+            else:
+                mine[key] = [i]
+        futures = {key: loop.create_future() for key in mine}
+        self._inflight.update(futures)
+        try:
+            raw = await self._infer(call, list(mine)) if mine else []
+        except BaseException as exc:
+            for future in futures.values():
+                future.set_exception(exc)
+                future.exception()  # retrieved here: the other batch re-raises it if it waits
+            raise
+        finally:
+            for key in mine:
+                self._inflight.pop(key, None)
+        for key, outcome in zip(mine, raw, strict=True):
+            futures[key].set_result(outcome)
+        outcomes: list[Outcome] = [NULL_OUTCOME] * len(rows)
+        repeats = sum(len(v) for v in mine.values()) - len(mine)
+        for key, indices in mine.items():
+            outcome = _read(call, futures[key].result())
+            for i in indices:
+                outcomes[i] = outcome
+        for future, indices in theirs.values():
+            outcome = _read(call, await future)
+            for i in indices:
+                outcomes[i] = outcome
+        with self._stats_lock:
+            # infer() counted the distinct rows it was given; the rest are repeats and NULLs.
+            self._stats.deduplicated += repeats + sum(len(v[1]) for v in theirs.values())
+            self._stats.rows += len(rows) - len(mine)
+        return outcomes
+
+    async def _infer(self, call: BoundCall, keys: list[tuple[str, str, str]]
+                     ) -> list[tuple[Any, str | None]]:
+        import pandas as pd
+
+        frame = pd.DataFrame({"model": [k[1] for k in keys], "prompt": [k[2] for k in keys]})
+        models = set(frame["model"])
+        kwargs: dict[str, Any] = dict(call.params)
+        if len(models) == 1:
+            kwargs["model"] = next(iter(models))
+        else:
+            kwargs["model_column"] = "model"
+        if call.system is not None:
+            # infer() reads `system` as a template over columns; ours is literal text.
+            kwargs["system"] = call.system.replace("{", "{{").replace("}", "}}")
+        result = await self.client.ainfer(
+            frame, prompt_column="prompt", output_column="output", error_column="error",
+            response_format=call.response_format, partition_key=self.partition_key,
+            run_id=self.run_id, logger=self.logger, **kwargs)
+        self._add(result.stats)
+        return list(zip(result.df["output"].tolist(), result.df["error"].tolist(),
+                        strict=True))
+
+    # -- figures ----------------------------------------------------------------------------
+    @property
+    def stats(self) -> InferenceStats:
+        """Figures summed over every batch so far (latency percentiles are not kept)."""
+        with self._stats_lock:
+            return dataclasses.replace(
+                self._stats, endpoints=dict(self._stats.endpoints),
+                tokens_by_model={k: dict(v) for k, v in self._stats.tokens_by_model.items()},
+                errors_by_type=dict(self._stats.errors_by_type))
+
+    def _add(self, stats: InferenceStats) -> None:
+        with self._stats_lock:
+            total = self._stats
+            for name in _SUMMED:
+                setattr(total, name, getattr(total, name) + getattr(stats, name))
+            for model, tokens in stats.tokens_by_model.items():
+                mine = total.tokens_by_model.setdefault(
+                    model, {"prompt_tokens": 0, "completion_tokens": 0})
+                for k, v in tokens.items():
+                    mine[k] = mine.get(k, 0) + v
+            for error_type, n in stats.errors_by_type.items():
+                total.errors_by_type[error_type] = total.errors_by_type.get(error_type, 0) + n
+            if stats.estimated_cost_usd is not None:
+                total.estimated_cost_usd = round(
+                    (total.estimated_cost_usd or 0.0) + stats.estimated_cost_usd, 6)
+            total.endpoints = stats.endpoints
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._start_lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="batchllm-sql",
+                                          daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+                # Connections are often dropped without close(): stop the thread with them.
+                weakref.finalize(self, _stop, loop, thread)
+            return self._loop
+
+    def close(self) -> None:
+        """Stop the loop thread (and close the client if this runtime created it)."""
+        with self._start_lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is not None:
+            _stop(loop, thread)
+        if self._owns_client:
+            self.client.close()
+
+
+def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    if loop.is_closed():
+        return
+    loop.call_soon_threadsafe(loop.stop)
+    if thread is not threading.current_thread():
+        thread.join(timeout=10)
+    if not thread.is_alive():
+        loop.close()
+
+
+def _read(call: BoundCall, raw: tuple[Any, str | None]) -> Outcome:
+    output, error = raw
+    if error is not None or output is None or call.reader is None:
+        return output, error
+    try:
+        return call.reader(output), None
+    except RowError as exc:
+        return None, exc.as_cell()
+    except (KeyError, TypeError, ValueError) as exc:
+        return None, f"invalid_structured_output: {type(exc).__name__}: {exc}"
