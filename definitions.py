@@ -5,8 +5,11 @@ from __future__ import annotations
 import dagster as dg
 
 from assets.partitions import daily_partitions
-from assets.pipeline import pipeline_assets
+from assets.pipeline import classified_transcripts, pipeline_assets, transcript_summaries
+from assets.sql_pipeline import sql_assets
+from dagster_batchllm import build_new_data_sensor, build_retry_partitions_sensor
 from resources import build_resources
+from resources.warehouse import PARTITION_COLUMN, SOURCE_TABLE
 
 call_center_job = dg.define_asset_job(
     "call_center_pipeline",
@@ -19,9 +22,29 @@ daily_schedule = dg.build_schedule_from_partitioned_job(
     call_center_job, hour_of_day=1, description="Materialize the latest day every night."
 )
 
+resources = build_resources()
+
+# Days whose rows failed or were deferred are run again; the summaries' retries re-classify the
+# same day too, so the filled summaries reach the classified table.
+retry_summaries = build_retry_partitions_sensor(
+    transcript_summaries, resource=resources["llm"], job=call_center_job,
+    also_materialize=[classified_transcripts], max_rounds=3,
+)
+retry_classifications = build_retry_partitions_sensor(
+    classified_transcripts, resource=resources["llm"], job=call_center_job, max_rounds=3,
+)
+
+# New calls appended to the source table (each stamped with an increasing ingest_id) re-run
+# their day through the whole pipeline; answers already in the ledger are not paid for again.
+new_calls = build_new_data_sensor(
+    call_center_job, url=resources["warehouse"].url, table=SOURCE_TABLE,
+    cursor_column="ingest_id", partition_column=PARTITION_COLUMN,
+)
+
 defs = dg.Definitions(
-    assets=pipeline_assets,
+    assets=[*pipeline_assets, *sql_assets],
     jobs=[call_center_job],
     schedules=[daily_schedule],
-    resources=build_resources(),
+    sensors=[retry_summaries, retry_classifications, new_calls],
+    resources=resources,
 )

@@ -13,6 +13,9 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "build_inference_asset": "dagster_batchllm.asset_factory",
+    "BatchInferenceComponent": "dagster_batchllm.component",
+    "build_retry_partitions_sensor": "dagster_batchllm.sensors",
+    "build_new_data_sensor": "dagster_batchllm.sensors",
     "stats_metadata": "dagster_batchllm.metadata",
     "BatchInferenceResource": "dagster_batchllm.resource",
     "Endpoint": "dagster_batchllm.resource",
@@ -31,6 +34,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "BatchInferenceComponent",
     "BatchInferenceResource",
     "BatchLLMError",
     "Endpoint",
@@ -44,6 +48,8 @@ __all__ = [
     "InferenceStats",
     "Ledger",
     "build_inference_asset",
+    "build_new_data_sensor",
+    "build_retry_partitions_sensor",
     "stats_metadata",
     "ManagedEndpoint",
     "ModelPrice",
@@ -52,11 +58,13 @@ __all__ = [
 if TYPE_CHECKING:
     from .asset_factory import build_inference_asset
     from .client import InferenceClient
+    from .component import BatchInferenceComponent
     from .errors import BatchLLMError, ErrorType, InferenceConfigError
     from .ledger import Ledger
     from .metadata import stats_metadata
     from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, ModelPrice
     from .results import InferenceEstimate, InferenceResult, InferenceStats
+    from .sensors import build_new_data_sensor, build_retry_partitions_sensor
     from .settings import EndpointSpec, InferenceSettings
 
 

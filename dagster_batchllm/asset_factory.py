@@ -130,7 +130,10 @@ def build_inference_asset(
         llm = getattr(context.resources, resource_key)
         parts = _split_by_partition(context, source_table, partition_column)
         results = [
-            llm.infer(frame, context=context, partition_key=key, **infer_kwargs)
+            # Each call covers its whole partition, so records of requests this partition no
+            # longer asks for (its input changed) are retired and stop marking it for retry.
+            llm.infer(frame, context=context, partition_key=key,
+                      supersede_stale=key is not None, **infer_kwargs)
             for key, frame in parts
         ]
         frames = [r.df for r in results]

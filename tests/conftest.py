@@ -97,3 +97,25 @@ def postgres_url():
     finally:
         engine.dispose()
     return POSTGRES_URL
+
+
+@pytest.fixture
+def make_llm_resource(tmp_path):
+    """A BatchInferenceResource over the given simulated endpoints, with fast retries and a
+    fresh SQLite ledger file (the Dagster-side twin of ``make_settings``)."""
+
+    def build(*sims, store_url=None, endpoint_kwargs=None, **overrides):
+        from dagster_batchllm.resource import BatchInferenceResource, Endpoint
+
+        endpoints = [
+            Endpoint(name=f"ep{i}", base_url=s.base_url, models=list(s.models),
+                     max_concurrency=16, **(endpoint_kwargs or {}))
+            for i, s in enumerate(sims)
+        ]
+        return BatchInferenceResource(
+            endpoints=endpoints,
+            store_url=store_url or f"sqlite:///{tmp_path / 'ledger.db'}",
+            **{**FAST_SETTINGS, **overrides},
+        )
+
+    return build

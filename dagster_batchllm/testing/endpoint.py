@@ -15,7 +15,7 @@ import time
 import weakref
 from pathlib import Path
 
-from .responders import Responder
+from .responders import EchoResponder, Responder, load_responder
 from .server import ServerSettings, serve
 from .state import DEFAULT_CONFIG, SimState, control, normalize_outcome
 
@@ -90,6 +90,15 @@ class SimulatedEndpoint:
         if self._proc is not None:
             return self._proc.poll() is None
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def models(self) -> list[str]:
+        """The model names it serves (what /v1/models lists)."""
+        if self.settings.models:
+            return list(self.settings.models)
+        responder = self.settings.responder or EchoResponder()
+        return list((load_responder(responder) if isinstance(responder, str)
+                     else responder).models())
 
     @property
     def base_url(self) -> str:
