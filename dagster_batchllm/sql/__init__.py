@@ -27,9 +27,14 @@ Calls are batched: DuckDB passes whole vectors (see :mod:`.duckdb_engine`); on S
 statements through :func:`execute` (see :mod:`.sqlite_engine` for the two-pass plan). Identical
 requests are sent once, and answers already in the ledger are not sent again, so rerunning a
 query sends nothing new. NULL inputs give NULL without a request.
+
+Databricks SQL runs as written with ``execute(con, query, dialect="databricks")``: sqlglot
+translates it for the engine, and what cannot be translated faithfully is refused before anything
+is sent (see :mod:`.dialects`).
 """
 
 from .api import AIFunctions, execute, handle_for, register_ai_functions
+from .dialects import TranslationError, translate
 from .functions import FUNCTIONS
 from .outcomes import AIQueryError
 from .types import SQLType, parse_type
@@ -39,8 +44,10 @@ __all__ = [
     "AIFunctions",
     "AIQueryError",
     "SQLType",
+    "TranslationError",
     "execute",
     "handle_for",
     "parse_type",
     "register_ai_functions",
+    "translate",
 ]

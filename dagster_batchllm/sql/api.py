@@ -21,6 +21,7 @@ from ..client import InferenceClient
 from ..errors import InferenceConfigError
 from ..results import InferenceStats
 from ..settings import InferenceSettings
+from .dialects import translate
 from .duckdb_engine import DuckDBFunctions
 from .runtime import Runtime
 from .sqlite_engine import SQLiteFunctions, sqlite_connection
@@ -54,14 +55,18 @@ class AIFunctions:
     def stats(self) -> InferenceStats:
         return self.runtime.stats
 
-    def execute(self, query: str, parameters: Any = None) -> Any:
+    def execute(self, query: str, parameters: Any = None, *, dialect: str | None = None) -> Any:
         """Run one statement with its AI calls batched; returns the engine's cursor.
 
         On DuckDB this is ``connection.execute`` (``.df()``, ``.fetchall()`` on the result); on
         SQLite it is the two-pass plan of :mod:`dagster_batchllm.sql.sqlite_engine`.
+        ``dialect="databricks"`` (or ``"spark"``) translates the query first (see
+        :mod:`dagster_batchllm.sql.dialects`); a query that cannot be translated faithfully
+        raises :class:`~dagster_batchllm.sql.dialects.TranslationError` and nothing is sent.
+        Parameters keep their markers: Databricks ``:name`` becomes DuckDB's ``$name``.
         """
-        # Translation from another dialect (issue 8) belongs here, before the engine sees the
-        # query: the target is self.dialect.
+        if dialect is not None and dialect != self.dialect:
+            query = translate(query, read=dialect, write=self.dialect)
         return self.engine.execute(query, parameters)
 
     def close(self) -> None:
@@ -122,13 +127,18 @@ def register_ai_functions(
     return handle
 
 
-def execute(connection: Any, query: str, parameters: Any = None) -> Any:
+def execute(connection: Any, query: str, parameters: Any = None, *,
+            dialect: str | None = None) -> Any:
     """Run one statement on a connection that has the AI functions, AI calls batched.
 
     Needed on SQLite (see :mod:`dagster_batchllm.sql.sqlite_engine`); on DuckDB it equals
-    ``connection.execute``. Returns the engine's cursor.
+    ``connection.execute``. Returns the engine's cursor. ``dialect="databricks"`` runs
+    Databricks SQL as written (see :meth:`AIFunctions.execute`)::
+
+        execute(con, "SELECT ai_query('llama-70b', t, failOnError => false) AS r FROM calls",
+                dialect="databricks")
     """
-    return handle_for(connection).execute(query, parameters)
+    return handle_for(connection).execute(query, parameters, dialect=dialect)
 
 
 def handle_for(connection: Any) -> AIFunctions:

@@ -34,9 +34,11 @@ def with_error(value: Any, error: str | None) -> str:
 
 
 def failure(function: str, errors: list[str], rows: int) -> AIQueryError:
-    hint = ("pass failOnError := false (DuckDB) or a false fourth argument (SQLite) to get the "
-            "errors as data" if function == "ai_query" else
-            "use ai_query(..., failOnError := false) to get the errors as data")
+    hint = ("pass failOnError => false (Databricks SQL), failOnError := false (DuckDB) or a "
+            "false fourth argument (SQLite) to get the errors as data"
+            if function == "ai_query" else
+            "use ai_query(..., failOnError => false) (DuckDB: failOnError := false) to get the "
+            "errors as data")
     return AIQueryError(
         f"{function} failed for {len(errors)} of the {rows} rows in a batch (failOnError is "
         f"true); first error: {errors[0]}. Answered rows are kept in the ledger, so a rerun "
