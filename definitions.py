@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import dagster as dg
 
 from assets.partitions import daily_partitions
@@ -41,8 +43,23 @@ new_calls = build_new_data_sensor(
     cursor_column="ingest_id", partition_column=PARTITION_COLUMN,
 )
 
+extra_assets: list = []
+if os.environ.get("BATCHLLM_ENABLE_SPARK", "").lower() in ("1", "true", "yes"):
+    # The Spark variant of the summaries (ai_query in Spark SQL over Parquet). Opt-in: it needs
+    # pyspark and a JVM, and starting Spark is slow for a code location that does not use it.
+    from dagster_pyspark import PySparkResource
+
+    from assets.spark_pipeline import spark_assets
+
+    extra_assets = list(spark_assets)
+    resources["pyspark"] = PySparkResource(spark_config={
+        "spark.master": os.environ.get("BATCHLLM_SPARK_MASTER", "local[2]"),
+        "spark.ui.enabled": "false",
+        "spark.driver.bindAddress": "127.0.0.1",
+    })
+
 defs = dg.Definitions(
-    assets=[*pipeline_assets, *sql_assets],
+    assets=[*pipeline_assets, *sql_assets, *extra_assets],
     jobs=[call_center_job],
     schedules=[daily_schedule],
     sensors=[retry_summaries, retry_classifications, new_calls],

@@ -1,0 +1,112 @@
+"""What a Spark task needs to answer its rows, as plain picklable data.
+
+A :class:`SparkJob` is built once on the driver and travels to executors inside the pandas UDF's
+closure. It holds the :class:`~dagster_batchllm.settings.InferenceSettings` already split for one
+task slot (see :func:`split_for_slots`), the generation parameters of the call and, when a token
+budget is set, a :class:`BudgetRef` to the shared budget row in the ledger database. Nothing here
+imports pyspark or dagster.
+
+Example::
+
+    >>> from dagster_batchllm.settings import EndpointSpec, InferenceSettings
+    >>> from dagster_batchllm.spark.job import split_for_slots
+    >>> settings = InferenceSettings(endpoints=(EndpointSpec(
+    ...     name="gpu", base_url="http://127.0.0.1:8000/v1", models=("llama-70b",),
+    ...     max_concurrency=64, requests_per_minute=600),))
+    >>> per_task = split_for_slots(settings, 4).endpoints[0]
+    >>> per_task.max_concurrency, per_task.requests_per_minute
+    (16, 150)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InferenceConfigError
+from ..settings import InferenceSettings
+
+RESULT_FIELD = "result"
+ERROR_FIELD = "errorMessage"
+RESULT_STRUCT_DDL = f"struct<{RESULT_FIELD}: string, {ERROR_FIELD}: string>"
+
+
+def split_for_slots(settings: InferenceSettings, slots: int) -> InferenceSettings:
+    """Each endpoint's concurrency and rate limits divided by the number of task slots.
+
+    At most ``slots`` tasks run at once, each with its own client, so the sum over tasks never
+    exceeds what the endpoint was configured for. Rounded down (at least 1): a limit smaller
+    than the number of slots cannot be split and is then exceeded by up to ``slots`` times 1.
+    """
+    if slots < 1:
+        raise InferenceConfigError(f"task_slots must be at least 1, got {slots}.")
+    if slots == 1:
+        return settings
+
+    def share(value: int | None) -> int | None:
+        return None if value is None else max(1, int(value) // slots)
+
+    endpoints = tuple(
+        dataclasses.replace(
+            e,
+            max_concurrency=share(e.max_concurrency),
+            requests_per_minute=share(e.requests_per_minute),
+            tokens_per_minute=share(e.tokens_per_minute),
+        )
+        for e in settings.endpoints
+    )
+    return settings.replace(endpoints=endpoints)
+
+
+@dataclass(frozen=True)
+class BudgetRef:
+    """Where a shared token budget lives: a row of ``<ledger_table>_budgets``."""
+
+    store_url: str
+    ledger_table: str
+    budget_id: str
+    wait_s: float = 30.0
+    parts: int = 1  # tasks that may draw on it at once: a claim takes at most 1/parts
+
+
+@dataclass(frozen=True)
+class SparkJob:
+    """One Spark-side call: settings for one task slot and the call's fixed arguments."""
+
+    settings: InferenceSettings
+    generation: Mapping[str, Any] = field(default_factory=dict)
+    response_format: Any = None
+    system: str | None = None
+    fail_on_error: bool = True
+    partition_key: str | None = None
+    scope: str | None = None
+    run_id: str | None = None
+    budget: BudgetRef | None = None
+    # Databricks calls ai_query's first argument an endpoint: an endpoint name that serves a
+    # single model stands for that model.
+    aliases: Mapping[str, str] = field(default_factory=dict)
+
+    def with_call(self, **changes: Any) -> SparkJob:
+        return dataclasses.replace(self, **changes)
+
+    def model_for(self, name: str) -> str:
+        return self.aliases.get(name, name)
+
+
+def generation_params(max_tokens: int | None = None, temperature: float | None = None,
+                      **params: Any) -> dict[str, Any]:
+    """The generation parameters to send, without the unset ones."""
+    merged = {k: v for k, v in params.items() if v is not None}
+    if max_tokens is not None:
+        merged["max_tokens"] = int(max_tokens)
+    if temperature is not None:
+        merged["temperature"] = float(temperature)
+    return merged
+
+
+def endpoint_aliases(settings: InferenceSettings) -> dict[str, str]:
+    models = settings.models
+    return {e.name: e.models[0] for e in settings.endpoints
+            if len(e.models) == 1 and e.name not in models}

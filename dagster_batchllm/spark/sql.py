@@ -1,0 +1,166 @@
+"""``ai_query`` in Spark SQL, with Databricks' signature and result types.
+
+Databricks' ``ai_query`` returns a STRING, or ``STRUCT<result: STRING, errorMessage: STRING>``
+when called with ``failOnError => false``: the result type depends on an argument's value. A
+Python UDF has one fixed type, so ``ai_query`` is registered with a function *builder* that Spark
+calls while it analyses each query: it reads the constant arguments, checks them (an unserved
+model, a non-constant ``failOnError`` or a ``returnType`` other than STRING fail the query before
+any task starts) and hands the call to one of two pandas UDFs, the STRING one or the STRUCT one.
+Spark calls the builder through py4j's callback server, the mechanism PySpark itself uses for
+``foreachBatch``; so this needs a classic SparkSession (not Spark Connect).
+
+Both UDFs are nondeterministic to Spark, which keeps the optimizer from evaluating one
+``ai_query`` twice (for a filter pushed below the projection, say) and sending its rows twice.
+
+Example::
+
+    from dagster_batchllm.spark import register_ai_functions
+
+    register_ai_functions(spark, llm)  # llm: a BatchInferenceResource or InferenceSettings
+    spark.sql('''
+        SELECT call_id,
+               ai_query('llama-70b', 'Summarize this call transcript: ' || transcript) AS summary,
+               ai_query('llama-70b', transcript, failOnError => false,
+                        modelParameters => named_struct('max_tokens', 64)) AS checked
+        FROM call_center_transcripts
+    ''')
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from ..errors import InferenceConfigError
+from . import worker
+from .job import RESULT_STRUCT_DDL
+from .session import SparkAI
+
+PARAMETERS = ("endpoint", "request", "returnType", "failOnError", "modelParameters",
+              "responseFormat")
+SIGNATURE = ("ai_query(endpoint, request [, returnType] [, failOnError] [, modelParameters] "
+             "[, responseFormat])")
+_TEXT_TYPES = frozenset({"STRING", "VARCHAR", "TEXT"})
+
+
+def register_ai_functions(spark: Any, resource_or_settings: Any, *,
+                          task_slots: int | None = None, token_budget: int | None = None,
+                          partition_key: str | None = None, run_id: str | None = None,
+                          scope: str | None = None, context: Any = None,
+                          budget_wait_s: float = 30.0,
+                          limits: Literal["split", "shared"] = "split") -> SparkAI:
+    """Register ``ai_query`` in ``spark``'s SQL and make these settings the active ones.
+
+    Returns the :class:`SparkAI` (for ``ai_query_col``/``infer_grouped`` and the budget's
+    figures). ``context`` (a Dagster asset context) records its partition key, run id and asset
+    key in the ledger, as ``BatchInferenceResource.infer(context=...)`` does. Registering again
+    replaces the function (use that to change what is recorded, or to start a fresh budget).
+    """
+    ai = SparkAI(spark, resource_or_settings, task_slots=task_slots,
+                 token_budget=token_budget, partition_key=partition_key, run_id=run_id,
+                 scope=scope, context=context, budget_wait_s=budget_wait_s, limits=limits)
+    # One budget for every query of this registration, whichever UDF a query resolves to.
+    job = ai.job(fail_on_error=True)
+    from pyspark.sql.functions import pandas_udf
+
+    as_text = pandas_udf(worker.sql_function(job, struct=False), "string").asNondeterministic()
+    as_struct = pandas_udf(
+        worker.sql_function(job.with_call(fail_on_error=False), struct=True), RESULT_STRUCT_DDL,
+    ).asNondeterministic()
+    builder = AIQueryBuilder(ai, as_text._unwrapped._judf, as_struct._unwrapped._judf)
+    _register_builder(spark, "ai_query", builder)
+    ai.sql_builder = builder  # Spark's registry holds only a py4j proxy of it
+    return ai.activate()
+
+
+def _register_builder(spark: Any, name: str, builder: Any) -> None:
+    jsession = getattr(spark, "_jsparkSession", None)
+    if jsession is None:
+        raise InferenceConfigError(
+            "register_ai_functions needs a classic SparkSession (Spark Connect cannot call back "
+            "into Python while it analyses a query); use ai_query_col instead."
+        )
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    ensure_callback_server_started(spark.sparkContext._gateway)
+    jsession.sessionState().functionRegistry().createOrReplaceTempFunction(
+        name, builder, "python_udf")
+
+
+class AIQueryBuilder:
+    """Spark's ``FunctionBuilder`` for ``ai_query`` (a ``scala.Function1`` implemented in Python).
+
+    Called on the driver while a query is analysed, with the argument expressions; returns the
+    STRING or the STRUCT pandas-UDF expression over the same arguments.
+    """
+
+    def __init__(self, ai: SparkAI, as_text: Any, as_struct: Any):
+        self.ai = ai
+        self.as_text = as_text
+        self.as_struct = as_struct
+
+    def apply(self, expressions: Any) -> Any:
+        arguments = _arguments(expressions)
+        fail_on_error = _check(self.ai, arguments)
+        chosen = self.as_text if fail_on_error else self.as_struct
+        return chosen.builder(expressions)
+
+    class Java:
+        implements = ["scala.Function1"]
+
+
+def _arguments(expressions: Any) -> dict[str, Any]:
+    """Argument name -> expression, for positional and ``name => value`` arguments alike."""
+    arguments: dict[str, Any] = {}
+    for i in range(expressions.length()):
+        expr = expressions.apply(i)
+        if expr.getClass().getSimpleName() == "NamedArgumentExpression":
+            name = str(expr.key())
+            if name not in PARAMETERS:
+                raise InferenceConfigError(
+                    f"ai_query has no parameter '{name}'; its signature is {SIGNATURE}.")
+            arguments[name] = expr.value()
+        elif i < len(PARAMETERS):
+            arguments[PARAMETERS[i]] = expr
+        else:
+            raise InferenceConfigError(f"ai_query takes at most 6 arguments: {SIGNATURE}.")
+    for required in ("endpoint", "request"):
+        if required not in arguments:
+            raise InferenceConfigError(f"ai_query needs '{required}': {SIGNATURE}.")
+    return arguments
+
+
+def _check(ai: SparkAI, arguments: dict[str, Any]) -> bool:
+    """Check the constant arguments; returns failOnError."""
+    endpoint = arguments["endpoint"]
+    if endpoint.foldable():
+        name = _constant(endpoint)
+        if not isinstance(name, str):
+            raise InferenceConfigError(
+                f"ai_query: 'endpoint' must be a STRING naming a served model, got {name!r}.")
+        ai.check_model(name)
+    for name in ("returnType", "failOnError", "modelParameters", "responseFormat"):
+        if name in arguments and not arguments[name].foldable():
+            raise InferenceConfigError(
+                f"ai_query: '{name}' must be a constant (the same for every row).")
+    if "returnType" in arguments:
+        declared = _constant(arguments["returnType"])
+        if declared is not None and str(declared).strip().upper() not in _TEXT_TYPES:
+            raise InferenceConfigError(
+                f"ai_query on Spark returns STRING, got returnType {declared!r}; ask for JSON "
+                "with responseFormat and parse it with from_json.")
+    fail_on_error = True
+    if "failOnError" in arguments:
+        value = _constant(arguments["failOnError"])
+        if value is not None and not isinstance(value, bool):
+            raise InferenceConfigError(
+                f"ai_query: 'failOnError' must be true or false, got {value!r}.")
+        fail_on_error = value is not False
+    return fail_on_error
+
+
+def _constant(expression: Any) -> Any:
+    """A foldable expression's value: str, bool or number (UTF8String becomes str)."""
+    value = expression.eval(None)
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value.toString())

@@ -1,0 +1,318 @@
+"""The executor side: answer one Arrow batch (or one group) through a cached InferenceClient.
+
+Runs inside Spark's Python workers, so it imports neither dagster nor pyspark: only pandas and
+the inference core. Each worker process keeps one :class:`InferenceClient` per distinct
+settings (``client_for``): its endpoint pool, breakers and rate limiters, and its ledger
+connection, outlive the batch, so every model is served by one client per worker process and
+endpoints that serve several models keep a single set of limits. A batch is handed to
+``infer`` whole, which sends its rows concurrently (up to the task's share of each endpoint's
+``max_concurrency``) and looks every row up in the ledger first, so a retried task, or a rerun,
+only sends the rows that have no ``ok`` answer yet.
+
+Example (what a pandas UDF does with one batch)::
+
+    import pandas as pd
+    from dagster_batchllm.spark.job import SparkJob
+    from dagster_batchllm.spark.worker import run_scalar
+
+    job = SparkJob(settings=settings, generation={"max_tokens": 64}, fail_on_error=False)
+    out = run_scalar(job, True, pd.Series(["llama-70b"] * 2), pd.Series(["Hi", None]))
+    out.columns.tolist()  # ['result', 'errorMessage']; the NULL prompt gives NULL, NULL
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+import pandas as pd
+
+from ..client import InferenceClient
+from ..errors import BatchLLMError, RowError
+from ..prompts import build_prompt_spec, iter_row_requests
+from ..settings import InferenceSettings
+from .budget import SharedTokenBudget
+from .job import ERROR_FIELD, RESULT_FIELD, SparkJob
+
+_OUT, _ERR, _MODEL = "_batchllm_result", "_batchllm_error", "_batchllm_model"
+_DEFERRED_PREFIX = "deferred:"
+_POLL_S = 0.1
+
+_CLIENTS: dict[InferenceSettings, InferenceClient] = {}
+_LOCK = threading.Lock()
+_COUNTERS = {"clients_created": 0, "batches": 0, "rows": 0}
+
+
+class AIQueryError(BatchLLMError, RuntimeError):
+    """Rows failed while failOnError was true; the task (and so the query) fails with it."""
+
+
+def client_for(settings: InferenceSettings) -> InferenceClient:
+    """This worker process's client for ``settings`` (created on first use)."""
+    with _LOCK:
+        client = _CLIENTS.get(settings)
+        if client is None:
+            client = _CLIENTS[settings] = InferenceClient(settings)
+            _COUNTERS["clients_created"] += 1
+        return client
+
+
+def cache_info() -> dict[str, int]:
+    """What this worker process holds: for tests and for diagnosing a job."""
+    with _LOCK:
+        return {"pid": os.getpid(), "clients": len(_CLIENTS), **_COUNTERS}
+
+
+# -- one batch ---------------------------------------------------------------------------------
+def run_scalar(job: SparkJob, struct: bool, models: pd.Series, prompts: pd.Series,
+               model_parameters: Any = None, response_format: Any = None) -> Any:
+    """Answer one Arrow batch of a scalar UDF: a string Series, or result/errorMessage frame.
+
+    ``model_parameters`` and ``response_format`` are the SQL arguments of the same names
+    (constant per query, so the first row's value is the call's).
+    """
+    n = len(prompts)
+    job = _with_sql_options(job, model_parameters, response_format)
+    present = prompts.notna().to_numpy()
+    outputs: list[Any] = [None] * n
+    errors: list[str | None] = [None] * n
+    if present.any():
+        frame = pd.DataFrame({
+            "model": [job.model_for(m) if isinstance(m, str) else m
+                      for m in models[present].tolist()],
+            "prompt": prompts[present].tolist(),
+        })
+        answered, failed = answer_frame(job, frame, prompt_column="prompt",
+                                        model_column="model")
+        positions = present.nonzero()[0]
+        for pos, out, err in zip(positions, answered, failed, strict=True):
+            outputs[pos] = as_sql_text(out)
+            errors[pos] = err
+    _count(n)
+    if job.fail_on_error:
+        raise_if_failed(errors)
+    if struct:
+        return pd.DataFrame({RESULT_FIELD: outputs, ERROR_FIELD: errors})
+    return pd.Series(outputs, dtype=object)
+
+
+def run_group(job: SparkJob, pdf: pd.DataFrame, *, model_column: str, prompt: str | None,
+              prompt_column: str | None, output_column: str, struct: bool,
+              drop_columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Answer one ``groupBy(model).applyInPandas`` group: the rows plus ``output_column``."""
+    pdf = pdf.reset_index(drop=True)
+    frame = pdf.copy(deep=False)
+    # Per-row routing even inside a group: an unserved model is then a row error, not a
+    # failed stage, and a group keyed by more than the model still works.
+    frame[_MODEL] = [job.model_for(m) if isinstance(m, str) else m for m in pdf[model_column]]
+    outputs, errors = answer_frame(job, frame, prompt=prompt, prompt_column=prompt_column,
+                                   model_column=_MODEL)
+    _count(len(pdf))
+    if job.fail_on_error:
+        raise_if_failed(errors)
+    out = pdf.drop(columns=list(drop_columns))
+    texts = [as_sql_text(o) for o in outputs]
+    if struct:
+        out[output_column] = [{RESULT_FIELD: o, ERROR_FIELD: e}
+                              for o, e in zip(texts, errors, strict=True)]
+    else:
+        out[output_column] = pd.Series(texts, dtype=object)
+    return out
+
+
+def answer_frame(job: SparkJob, frame: pd.DataFrame, **call: Any
+                 ) -> tuple[list[Any], list[str | None]]:
+    """``infer`` over ``frame`` with the job's arguments, within its shared budget if any."""
+    client = client_for(job.settings)
+    kwargs = dict(call, system=job.system, response_format=job.response_format,
+                  partition_key=job.partition_key, scope=job.scope, run_id=job.run_id,
+                  output_column=_OUT, error_column=_ERR, **job.generation)
+    if job.budget is None:
+        result = client.infer(frame, **kwargs)
+        return result.df[_OUT].tolist(), result.df[_ERR].tolist()
+    return _infer_within_budget(client, job, frame, kwargs)
+
+
+# -- the shared budget -------------------------------------------------------------------------
+def _infer_within_budget(client: InferenceClient, job: SparkJob, frame: pd.DataFrame,
+                         kwargs: dict[str, Any]) -> tuple[list[Any], list[str | None]]:
+    """Claim, infer, settle; again for deferred rows while other tasks give tokens back."""
+    ref = job.budget
+    budget = SharedTokenBudget(client.ledger.engine, ref.ledger_table, ref.budget_id)
+    n = len(frame)
+    outputs: list[Any] = [None] * n
+    errors: list[str | None] = [None] * n
+    pending = list(range(n))
+    deadline = time.monotonic() + ref.wait_s
+    while True:
+        part = frame.iloc[pending].reset_index(drop=True)
+        wanted, largest = _reservations(client, part, kwargs)
+        grant = budget.claim(wanted, parts=ref.parts, at_least=largest)
+        # Even a zero grant is worth a call: rows already in the ledger are answered for free.
+        result = client.infer(part, token_budget=grant, **kwargs)
+        stats = result.stats
+        budget.settle(grant, stats.prompt_tokens + stats.completion_tokens)
+        still: list[int] = []
+        for row, out, err in zip(pending, result.df[_OUT], result.df[_ERR], strict=True):
+            outputs[row], errors[row] = out, err
+            if isinstance(err, str) and err.startswith(_DEFERRED_PREFIX):
+                still.append(row)
+        if not still:
+            return outputs, errors
+        if len(still) == len(pending) and not _wait_for_tokens(budget, deadline):
+            break
+        pending = still
+    # The engine's message speaks of the last grant; the user set the call's budget.
+    left = budget.snapshot()
+    for row in still:
+        errors[row] = (
+            f"deferred: the call's token budget ({left['total']} tokens, shared by all its "
+            f"Spark tasks) has {left['remaining']} left, less than this request may need; a "
+            "later run will send it")
+    return outputs, errors
+
+
+def _reservations(client: InferenceClient, frame: pd.DataFrame,
+                  kwargs: dict[str, Any]) -> tuple[int, int]:
+    """What the engine will reserve for ``frame``: the sum over its distinct requests, and
+    the largest single one."""
+    generation = {k: v for k, v in kwargs.items() if k not in _CALL_KEYS and v is not None}
+    spec = build_prompt_spec(
+        prompt=kwargs.get("prompt"), prompt_column=kwargs.get("prompt_column"),
+        messages_column=None, system=kwargs.get("system"), model=kwargs.get("model"),
+        model_column=kwargs.get("model_column"), params=generation,
+        response_format=kwargs.get("response_format"), columns=list(frame.columns),
+        served_models=client.settings.models,
+    )
+    rows = frame[spec.input_columns()].itertuples(index=False, name=None)
+    seen: set[str] = set()
+    total = largest = 0
+    for item in iter_row_requests(rows, spec,
+                                  default_max_tokens=client.settings.default_max_tokens):
+        if isinstance(item, RowError) or item.key in seen:
+            continue
+        seen.add(item.key)
+        total += item.reserve_tokens
+        largest = max(largest, item.reserve_tokens)
+    return total, largest
+
+
+_CALL_KEYS = frozenset({"prompt", "prompt_column", "system", "model", "model_column",
+                        "response_format", "partition_key", "scope", "run_id", "output_column",
+                        "error_column"})
+
+
+def _wait_for_tokens(budget: SharedTokenBudget, deadline: float) -> bool:
+    """Wait while other tasks hold grants; True once one gave tokens back."""
+    start = budget.snapshot()
+    while start["granted"] > 0 and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+        now = budget.snapshot()
+        if now["remaining"] > start["remaining"]:
+            return True
+        if now["granted"] == 0:
+            break
+    return False
+
+
+# -- values ------------------------------------------------------------------------------------
+def as_sql_text(value: Any) -> str | None:
+    """Structured replies (parsed JSON) go back to Spark as JSON text."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def raise_if_failed(errors: list[str | None]) -> None:
+    failed = [e for e in errors if e is not None]
+    if failed:
+        raise AIQueryError(
+            f"ai_query failed for {len(failed)} of {len(errors)} rows of this batch "
+            f"(failOnError is true); first error: {failed[0]}. Answered rows are kept in the "
+            "ledger, so a rerun sends only the failed ones; pass failOnError => false "
+            "(fail_on_error=False in Python) to get the errors as data."
+        )
+
+
+def _with_sql_options(job: SparkJob, model_parameters: Any, response_format: Any) -> SparkJob:
+    changes: dict[str, Any] = {}
+    params = _first_value(model_parameters)
+    if params is not None:
+        if isinstance(params, str):
+            params = json.loads(params)
+        changes["generation"] = {**job.generation, **{
+            str(k): _plain(v) for k, v in dict(params).items() if _plain(v) is not None}}
+    fmt = _first_value(response_format)
+    if fmt is not None:
+        changes["response_format"] = fmt
+    return job.with_call(**changes) if changes else job
+
+
+def _first_value(arg: Any) -> Any:
+    """The call's constant: a struct argument arrives as a frame, the others as a Series."""
+    if arg is None or len(arg) == 0:
+        return None
+    if isinstance(arg, pd.DataFrame):
+        return {c: arg[c].iloc[0] for c in arg.columns}
+    value = arg.iloc[0]
+    if isinstance(value, Mapping):
+        return dict(value)
+    return None if _is_null(value) else value
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and SQL decimals (``0.7`` is a DECIMAL literal in Spark) to JSON types."""
+    if _is_null(value):
+        return None
+    if isinstance(value, Decimal):
+        return float(value) if value.as_tuple().exponent < 0 else int(value)
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return value
+
+
+def _is_null(value: Any) -> bool:
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _count(rows: int) -> None:
+    with _LOCK:
+        _COUNTERS["batches"] += 1
+        _COUNTERS["rows"] += rows
+
+
+# -- the functions Spark pickles -----------------------------------------------------------------
+# Closures over plain data: cloudpickle ships them by value and the names they use by reference
+# to this module, so an executor imports the inference core and nothing else.
+def sql_function(job: SparkJob, struct: bool):
+    """The body of the SQL ``ai_query`` (Databricks' parameter names, usable as named args)."""
+
+    def ai_query(endpoint, request, returnType=None, failOnError=None,
+                 modelParameters=None, responseFormat=None):
+        return run_scalar(job, struct, endpoint, request, modelParameters, responseFormat)
+
+    return ai_query
+
+
+def column_function(job: SparkJob, struct: bool):
+    def ai_query_col(model, prompt):
+        return run_scalar(job, struct, model, prompt)
+
+    return ai_query_col
+
+
+def group_function(job: SparkJob, **call: Any):
+    def infer_group(pdf):
+        return run_group(job, pdf, **call)
+
+    return infer_group
