@@ -51,15 +51,23 @@ class TokenBudget:
 
 
 class _Entry:
-    __slots__ = ("at", "amount")
+    __slots__ = ("at", "amount", "settled")
 
     def __init__(self, at: float, amount: int):
         self.at = at
         self.amount = amount
+        self.settled = False
 
 
 class SlidingWindowLimiter:
-    """At most ``limit`` units in any window of ``window_s`` seconds, counted at send time.
+    """At most ``limit`` units in any window of ``window_s`` seconds, as the server counts them.
+
+    A request counts from the moment it is admitted (``take``, before it is sent) until
+    ``window_s`` after its reply came back (``settle``). The server saw it arrive somewhere in
+    between, so however sending, the network or the server's queue delay and bunch up requests,
+    no window of arrivals at the server holds more than ``limit``. (Counting a window from the
+    send time alone does not: a burst whose sending or delivery was slow still arrives inside
+    the window of the next burst.) The price is that a window effectively lasts a latency longer.
 
     A sliding log rather than a token bucket: a bucket with any burst allowance lets through up
     to ``limit + burst`` in some window, and users read ``tokens_per_minute`` as a hard ceiling.
@@ -69,35 +77,51 @@ class SlidingWindowLimiter:
         self.limit = limit
         self.window_s = window_s
         self._clock = clock
-        self._entries: deque[_Entry] = deque()
-        self._used = 0
+        self._entries: deque[_Entry] = deque()  # settled entries, in settle (= time) order
+        self._used = 0  # what the settled entries still in the window count
+        self._in_flight = 0  # entries taken and not settled yet
+        self._in_flight_used = 0
+        # Whether an empty window admits one request larger than the limit (see below); off
+        # while other runs' recent sending holds part of the endpoint's window.
+        self.lone_request_ok = True
 
     def _evict(self, now: float) -> None:
         horizon = now - self.window_s
         entries = self._entries
         while entries and entries[0].at <= horizon:
-            entry = entries.popleft()
-            self._used -= entry.amount
-            entry.at = float("-inf")  # marks it evicted, so a late settle() leaves _used alone
+            self._used -= entries.popleft().amount
+
+    @property
+    def used(self) -> float:
+        """Units counted in the window now (in-flight requests included)."""
+        self._evict(self._clock())
+        return self._used + self._in_flight_used
 
     def take(self, amount: int) -> _Entry:
         entry = _Entry(self._clock(), amount)
-        self._entries.append(entry)
-        self._used += amount
+        self._in_flight += 1
+        self._in_flight_used += amount
         return entry
 
-    def settle(self, entry: _Entry, actual: int) -> None:
-        """Correct an entry to the amount the server reported (if it is still in the window)."""
-        self._evict(self._clock())
-        if entry.at != float("-inf"):
-            self._used += actual - entry.amount
-        entry.amount = actual
+    def settle(self, entry: _Entry, actual: int | None = None) -> None:
+        """The reply came back: from now on the entry counts ``actual`` (what the server
+        reported; ``None`` keeps what was taken) for one more window."""
+        if entry.settled:
+            return
+        entry.settled = True
+        self._in_flight -= 1
+        self._in_flight_used -= entry.amount
+        if actual is not None:
+            entry.amount = actual
+        entry.at = self._clock()
+        self._entries.append(entry)
+        self._used += entry.amount
 
     def seconds_until_fits(self, amount: int) -> float:
         now = self._clock()
         self._evict(now)
-        excess = self._used + amount - self.limit
-        if excess <= 0 or not self._entries:
+        excess = self._used + self._in_flight_used + amount - self.limit
+        if excess <= 0 or (self.lone_request_ok and not self._entries and not self._in_flight):
             # An empty window admits any single request: a share smaller than one request
             # (many runs on one endpoint) must slow a run down, not stall it forever.
             return 0.0
@@ -106,4 +130,5 @@ class SlidingWindowLimiter:
             freed += entry.amount
             if freed >= excess:
                 return max(0.0, entry.at + self.window_s - now)
+        # Requests in flight hold the rest; a reply wakes the pool's waiters.
         return self.window_s

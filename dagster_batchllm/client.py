@@ -16,7 +16,7 @@ from .engine import InferenceRun, estimate_cost
 from .errors import InferenceConfigError, RowError
 from .ledger import Ledger, validate_identifier
 from .pool import EndpointPool
-from .prompts import build_prompt_spec, iter_row_requests
+from .prompts import build_prompt_spec, iter_row_requests, row_tuples
 from .results import InferenceEstimate, InferenceResult
 from .settings import InferenceSettings
 
@@ -126,7 +126,7 @@ class InferenceClient:
         stats = await run.run()
         if supersede_stale and partition_key:
             keys = [r.key for r in iter_row_requests(
-                df[spec.input_columns()].itertuples(index=False, name=None), spec,
+                row_tuples(df[spec.input_columns()]), spec,
                 default_max_tokens=self.settings.default_max_tokens) if not isinstance(r, RowError)]
             await asyncio.to_thread(self.ledger.mark_superseded, partition_key, keys, scope or "")
         out = df.copy(deep=False)
@@ -162,7 +162,7 @@ class InferenceClient:
             response_format=response_format, columns=list(df.columns),
             served_models=self.settings.models,
         )
-        rows = df[spec.input_columns()].itertuples(index=False, name=None)
+        rows = row_tuples(df[spec.input_columns()])
         distinct: dict[str, Any] = {}
         invalid = duplicates = 0
         for item in iter_row_requests(rows, spec,

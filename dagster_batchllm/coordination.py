@@ -3,68 +3,259 @@
 Dagster caps concurrent steps, not requests or tokens: a backfill that launches one run per
 partition would multiply the load on the endpoints. So every inference run registers itself in a
 small table next to the ledger (the database all runs share anyway) and heartbeats; an endpoint
-used by N live runs gives each 1/N of its ``max_concurrency``, ``requests_per_minute`` and
-``tokens_per_minute``. A run that joins others waits one heartbeat before sending, so the others
-have shrunk before it grows; a run that dies simply stops heartbeating and its share returns to
-the others after ``stale_after_s``.
+used by N live runs gives each 1/N of its ``max_concurrency``. A run that joins others waits one
+heartbeat before sending, so the others have shrunk before it grows; a run that dies simply stops
+heartbeating and its share returns to the others after ``stale_after_s``.
+
+Concurrency is claimed like the rate limits below: each run publishes the larger of its requests
+in flight and the cap it allows itself, and allows itself its fair share or what the others'
+claims leave, whichever is smaller. A run that joins a saturated endpoint therefore starts at
+zero and grows only as the others publish smaller claims, so the runs' requests in flight never
+add up past ``max_concurrency``, not even while shares change hands.
+
+Rate limits have a memory: what a run sent stays in the server's window for ``window_s``. So
+each run also publishes a *claim* on each endpoint's requests and tokens per window: the larger
+of what its limiters count now and the limit it allows itself. A run allows itself its fair
+share (1/N), or less when the others' claims leave less: the claims together never exceed the
+endpoint's limit, and neither do the runs' requests. A joining run starts small and grows as
+the others' past sending leaves the window; a run that ends (or dies) keeps its claim until what
+it sent has left the window.
+
+Runs that share a ledger also share answers, and claims keep them from paying twice for one
+request: before sending, a run claims each request the ledger cannot answer yet. A request that
+another live run has claimed is not sent but waited for, and answered from the ledger once that
+run has written it (or sent after all, if that run failed it, deferred it or died). A claim ends
+when its outcome is written. A run on this host whose process is gone is known dead at once, so
+a rerun after a crash takes over its claims (and its share) without waiting for it to go stale.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import socket
 import time
 import uuid
+from collections.abc import Iterable
 
 import sqlalchemy as sa
+
+_HOST = socket.gethostname()[:32]
+_BATCH = 500
 
 
 def _holders_table(ledger_table: sa.Table) -> sa.Table:
     metadata = sa.MetaData(schema=ledger_table.schema)
     return sa.Table(
-        f"{ledger_table.name}_holders",
+        f"{ledger_table.name}_runs",
         metadata,
         sa.Column("holder_id", sa.String(64), primary_key=True),
         sa.Column("endpoint", sa.String(255), primary_key=True),
         sa.Column("heartbeat_at", sa.Float, nullable=False),
         sa.Column("description", sa.String(255)),
+        sa.Column("live", sa.Boolean, nullable=False, default=True),
+        sa.Column("requests_claim", sa.Float, nullable=False, default=0.0),
+        sa.Column("tokens_claim", sa.Float, nullable=False, default=0.0),
+        sa.Column("concurrency_claim", sa.Float, nullable=False, default=0.0),
     )
+
+
+def _claims_table(ledger_table: sa.Table) -> sa.Table:
+    metadata = sa.MetaData(schema=ledger_table.schema)
+    return sa.Table(
+        f"{ledger_table.name}_claims",
+        metadata,
+        sa.Column("request_key", sa.String(64), primary_key=True),
+        sa.Column("holder_id", sa.String(64), nullable=False),
+        sa.Column("claimed_at", sa.Float, nullable=False),
+    )
+
+
+def _group(holder_id: str) -> str:
+    """host:pid:pool of a holder: runs of one pool share its limiters, so they count once."""
+    return holder_id.rpartition(":")[0]
+
+
+def _process_gone(holder_id: str) -> bool:
+    """Whether a holder is a process of this host that no longer exists."""
+    host, _, rest = holder_id.partition(":")
+    pid = rest.partition(":")[0]
+    if host != _HOST or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, owned by someone else
+        return False
+    return False
 
 
 class RunCoordinator:
     """Registers this run as a user of some endpoints and reports how many runs share each."""
 
     def __init__(self, engine: sa.Engine, ledger_table: sa.Table, endpoints: list[str], *,
-                 stale_after_s: float = 10.0, description: str | None = None):
+                 stale_after_s: float = 10.0, description: str | None = None,
+                 rate_limits: dict[str, tuple[float | None, float | None]] | None = None,
+                 window_s: float = 0.0, group: str | None = None,
+                 max_concurrency: dict[str, int] | None = None):
+        """``rate_limits``: endpoint -> (requests, tokens) allowed per ``window_s`` (None: no
+        limit); ``group``: an id of the pool (limiters) this run sends through."""
         self.engine = engine
         self.table = _holders_table(ledger_table)
         self.endpoints = endpoints
         self.stale_after_s = stale_after_s
-        self.holder_id = uuid.uuid4().hex
+        self.rate_limits = rate_limits or {}
+        # A row is kept while what its run sent may still be in a server's window.
+        self.window_s = window_s + 1.0  # plus a margin for sends after the last heartbeat
+        self.keep_s = max(stale_after_s, self.window_s) if self.rate_limits else stale_after_s
+        self.limits: dict[str, tuple[tuple[float, bool] | None, ...]] = {}
+        self.max_concurrency = max_concurrency or {}
+        # endpoint -> requests this run may have in flight (set by each heartbeat)
+        self.capacities: dict[str, int] = {}
+        self.claims = _claims_table(ledger_table)
+        # host:pid:pool:random, so that a run on the same host can tell this process is gone.
+        self.group = f"{_HOST}:{os.getpid()}:{group or uuid.uuid4().hex[:8]}"
+        self.holder_id = f"{self.group}:{uuid.uuid4().hex[:8]}"
         self.description = (description or f"pid {os.getpid()}")[:255]
-        try:
-            self.table.metadata.create_all(engine, checkfirst=True)
-        except sa.exc.DatabaseError:
-            if not sa.inspect(engine).has_table(self.table.name, schema=self.table.schema):
-                raise
+        for table in (self.table, self.claims):
+            try:
+                table.metadata.create_all(engine, checkfirst=True)
+            except sa.exc.DatabaseError:
+                if not sa.inspect(engine).has_table(table.name, schema=table.schema):
+                    raise
 
-    def heartbeat(self) -> dict[str, int]:
-        """Renew this run's registration; return live runs per endpoint (this one included)."""
+    def heartbeat(self, usage: dict[str, tuple[float, float]] | None = None,
+                  in_flight: dict[str, int] | None = None) -> dict[str, int]:
+        """Renew this run's registration; return live runs per endpoint (this one included).
+
+        ``usage``: endpoint -> (requests, tokens) this run's limiters count now. Sets
+        ``limits``: endpoint -> per kind (requests, tokens), ``None`` where unlimited, else
+        (what this run may count in a window, whether that is its full fair share); and
+        ``capacities``: endpoint -> requests this run may have in flight.
+        """
         t = self.table
         now = time.time()
+        usage = usage or {}
         with self.engine.begin() as conn:
-            conn.execute(t.delete().where(t.c.heartbeat_at < now - self.stale_after_s))
+            if conn.dialect.name == "postgresql":
+                # One heartbeat at a time (SQLite's BEGIN IMMEDIATE does this already): two
+                # runs that read at once would each miss the other and take the whole endpoint.
+                lock_id = int.from_bytes(hashlib.sha256(t.fullname.encode()).digest()[:8],
+                                         "big", signed=True)
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(lock_id)))
+            conn.execute(t.delete().where(t.c.heartbeat_at < now - self.keep_s))
             conn.execute(t.delete().where(t.c.holder_id == self.holder_id))
-            conn.execute(t.insert(), [
-                {"holder_id": self.holder_id, "endpoint": name, "heartbeat_at": now,
-                 "description": self.description}
-                for name in self.endpoints
-            ])
-            counts = dict(conn.execute(
-                sa.select(t.c.endpoint, sa.func.count()).where(t.c.endpoint.in_(self.endpoints))
-                .group_by(t.c.endpoint)
-            ).all())
-        return {name: max(1, int(counts.get(name, 1))) for name in self.endpoints}
+            rows = conn.execute(sa.select(
+                t.c.holder_id, t.c.endpoint, t.c.heartbeat_at, t.c.live, t.c.requests_claim,
+                t.c.tokens_claim, t.c.concurrency_claim,
+            ).where(t.c.endpoint.in_(self.endpoints))).all()
+            gone = {h for h in {r.holder_id for r in rows} if _process_gone(h)}
+            runs: dict[str, int] = {}
+            records = []
+            for name in self.endpoints:
+                groups, taken, in_flight_elsewhere = {self.group}, [0.0, 0.0], 0.0
+                for row in rows:
+                    if row.endpoint != name or _group(row.holder_id) == self.group:
+                        continue  # this pool's own sending is in its own limiters already
+                    if (row.live and row.heartbeat_at >= now - self.stale_after_s
+                            and row.holder_id not in gone):
+                        groups.add(_group(row.holder_id))
+                        in_flight_elsewhere += row.concurrency_claim
+                    elif ((not row.live or row.holder_id in gone)
+                          and row.heartbeat_at < now - self.window_s):
+                        continue  # ended, and what it sent has left the servers' windows
+                    taken[0] += row.requests_claim
+                    taken[1] += row.tokens_claim
+                runs[name] = len(groups)
+                concurrency_claim = 0.0
+                cap = self.max_concurrency.get(name)
+                if cap is not None:
+                    fair = max(1, cap // len(groups))
+                    allowed = int(max(0.0, min(fair, cap - in_flight_elsewhere)))
+                    self.capacities[name] = allowed
+                    concurrency_claim = float(max(allowed, (in_flight or {}).get(name, 0)))
+                caps = self.rate_limits.get(name, (None, None))
+                used = usage.get(name, (0.0, 0.0))
+                limits, claims = [], []
+                for cap, others, mine in zip(caps, taken, used, strict=True):
+                    if cap is None:
+                        limits.append(None)
+                        claims.append(0.0)
+                        continue
+                    fair = cap / len(groups)
+                    allowed = max(0.0, min(fair, cap - others))
+                    limits.append((allowed, allowed >= fair))
+                    claims.append(max(float(mine), allowed))
+                self.limits[name] = tuple(limits)
+                records.append({"holder_id": self.holder_id, "endpoint": name,
+                                "heartbeat_at": now, "description": self.description,
+                                "live": True, "requests_claim": claims[0],
+                                "tokens_claim": claims[1],
+                                "concurrency_claim": concurrency_claim})
+            conn.execute(t.insert(), records)
+        return runs
 
-    def leave(self) -> None:
+    def leave(self, usage: dict[str, tuple[float, float]] | None = None) -> None:
+        """End this run. Its claims shrink to what it sent lately, kept until that has left the
+        servers' windows; its request claims end now."""
+        t = self.table
         with self.engine.begin() as conn:
-            conn.execute(self.table.delete().where(self.table.c.holder_id == self.holder_id))
+            if self.rate_limits:
+                for name in self.endpoints:
+                    requests, tokens = (usage or {}).get(name, (0.0, 0.0))
+                    conn.execute(t.update().where(t.c.holder_id == self.holder_id,
+                                                  t.c.endpoint == name).values(
+                        live=False, heartbeat_at=time.time(), concurrency_claim=0.0,
+                        requests_claim=float(requests), tokens_claim=float(tokens)))
+            else:
+                conn.execute(t.delete().where(t.c.holder_id == self.holder_id))
+            conn.execute(self.claims.delete().where(self.claims.c.holder_id == self.holder_id))
+
+    def _live_holders(self, conn: sa.Connection, now: float) -> set[str]:
+        t = self.table
+        fresh = set(conn.execute(sa.select(t.c.holder_id).distinct().where(
+            t.c.live, t.c.heartbeat_at >= now - self.stale_after_s)).scalars())
+        return {h for h in fresh if h == self.holder_id or not _process_gone(h)} | {
+            self.holder_id}
+
+    def claim(self, keys: Iterable[str]) -> set[str]:
+        """Claim requests for this run; return those another live run is sending right now.
+
+        Claims of runs that are gone are taken over. Only SQLite and PostgreSQL take claims
+        (elsewhere this claims nothing and returns nothing: runs may then pay twice).
+        """
+        backend = self.engine.dialect.name
+        if backend not in ("sqlite", "postgresql"):
+            return set()
+        insert = (sa.dialects.sqlite.insert if backend == "sqlite"
+                  else sa.dialects.postgresql.insert)
+        c = self.claims
+        keys = list(keys)
+        others: set[str] = set()
+        now = time.time()
+        with self.engine.begin() as conn:
+            live = self._live_holders(conn, now)
+            for start in range(0, len(keys), _BATCH):
+                batch = keys[start:start + _BATCH]
+                conn.execute(c.delete().where(c.c.request_key.in_(batch),
+                                              c.c.holder_id.not_in(live)))
+                conn.execute(
+                    insert(c).on_conflict_do_nothing(index_elements=[c.c.request_key]),
+                    [{"request_key": k, "holder_id": self.holder_id, "claimed_at": now}
+                     for k in batch],
+                )
+                others.update(conn.execute(
+                    sa.select(c.c.request_key).where(c.c.request_key.in_(batch),
+                                                     c.c.holder_id != self.holder_id)
+                ).scalars())
+        return others
+
+    def release(self, keys: Iterable[str]) -> None:
+        """End this run's claims on requests whose outcome is now in the ledger."""
+        keys = list(keys)
+        c = self.claims
+        with self.engine.begin() as conn:
+            for start in range(0, len(keys), _BATCH):
+                conn.execute(c.delete().where(c.c.request_key.in_(keys[start:start + _BATCH]),
+                                              c.c.holder_id == self.holder_id))

@@ -29,26 +29,45 @@ from .errors import (
 )
 from .ledger import DEFERRED, FAILED, OK, Ledger
 from .pool import EndpointPool
-from .prompts import PromptSpec, RowRequest, iter_row_requests
+from .prompts import PromptSpec, RowRequest, iter_row_requests, row_tuples
 from .results import InferenceStats
-from .retries import retrying
+from .retries import WaitRetryAfterOrBackoff, is_retryable, retrying
 from .settings import InferenceSettings
-from .transport import Transport, make_transport
+from .transport import Completion, Transport, make_transport
 
 PENDING, ROW_OK, ROW_CACHED, ROW_FAILED, ROW_DEFERRED = 0, 1, 2, 3, 4
 _MAX_WORKERS = 8192
+_MAX_WRITE_FAILURES = 5  # consecutive failed ledger writes before the run stops sending
 
 log = logging.getLogger("dagster_batchllm")
+
+
+class _LedgerUnwritable(Exception):
+    """Ledger writes keep failing: the run stops sending (infer() then raises the error)."""
+
+
+class _Tries:
+    """What one request's attempts did: how many, the last endpoint, tokens billed."""
+
+    __slots__ = ("count", "endpoint", "spent")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.endpoint: str | None = None
+        self.spent = 0
 
 
 class KeyState:
     """One distinct request of the run and the rows that share its answer."""
 
-    __slots__ = ("request", "rows")
+    __slots__ = ("request", "rows", "outcome")
 
     def __init__(self, request: RowRequest, row: int):
         self.request = request
         self.rows = [row]
+        # (row status, value, error, error type) once settled; rows of the same key that the
+        # producer meets after that take it at once (they can no longer join ``rows``).
+        self.outcome: tuple[int, Any, str | None, str | None] | None = None
 
 
 class InferenceRun:
@@ -91,16 +110,27 @@ class InferenceRun:
         self._buffer: list[dict[str, Any]] = []
         self._buffer_keys: list[str] = []
         self._flush_now = asyncio.Event()
+        self._written = asyncio.Event()  # set after each ledger write (or failed write)
+        self._writing = 0  # records of the batch being written right now
+        self._stopping = False
+        self._write_failures = 0  # consecutive failed ledger writes
+        self._ledger_room = max(1, settings.ledger_flush_rows)  # most answers awaiting a write
+        self._ledger_error: Exception | None = None
+        self._coordinator: RunCoordinator | None = None
+        self._parked: dict[str, KeyState] = {}  # claimed by another run: wait for its answer
         self._done_rows = 0
         self._started = 0.0
         self._context_limits = self._context_limits_by_model()
+        self._backoff = WaitRetryAfterOrBackoff(
+            initial_s=settings.retry_initial_backoff_s, max_s=settings.retry_max_backoff_s,
+            max_retry_after_s=settings.max_retry_after_s)
 
     # -- the run -----------------------------------------------------------------------------
     async def run(self) -> InferenceStats:
         self._started = time.perf_counter()
         workers_n = max(1, min(_MAX_WORKERS, 2 * self.pool.capacity()))
         queue: asyncio.Queue[KeyState | None] = asyncio.Queue(maxsize=workers_n)
-        coordinator = await self._join_other_runs()
+        coordinator = self._coordinator = await self._join_other_runs()
         await self.transport.open(self.settings.endpoints)
         background = [asyncio.create_task(self._flush_loop()),
                       asyncio.create_task(self._progress_loop())]
@@ -114,48 +144,70 @@ class InferenceRun:
             for task in workers:
                 task.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-            for task in background:
+            # The flush loop is stopped, not cancelled: a write in progress must end before the
+            # last flush, or infer() could return before its records are in the ledger.
+            self._stopping = True
+            self._flush_now.set()
+            for task in background[1:]:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
-            await asyncio.shield(asyncio.to_thread(self._flush_sync))
-            await self.transport.close()
-            if coordinator is not None:
-                await asyncio.to_thread(coordinator.leave)
-                self.pool.set_shares({})
+            try:
+                await asyncio.shield(asyncio.to_thread(self._flush_sync))
+            finally:  # also when the last write fails: close connections, leave the others
+                await self.transport.close()
+                if coordinator is not None:
+                    await asyncio.to_thread(coordinator.leave, self.pool.window_usage())
+                    self.pool.set_shares({})
         self._finish_stats()
         return self.stats
 
     async def _join_other_runs(self) -> RunCoordinator | None:
         if not self.settings.coordinate_runs or self.ledger.in_memory:
             return None
+        limited = [e for e in self.settings.endpoints
+                   if e.requests_per_minute or e.tokens_per_minute]
         coordinator = await asyncio.to_thread(
             RunCoordinator, self.ledger.engine, self.ledger.table,
             [e.name for e in self.settings.endpoints],
             stale_after_s=max(10.0, 20 * self.settings.coordination_interval_s),
             description=f"run {self.run_id or '-'} partition {self.partition_key or '-'}",
+            rate_limits={e.name: tuple(
+                per_minute * e.rate_limit_window_s / 60.0 if per_minute else None
+                for per_minute in (e.requests_per_minute, e.tokens_per_minute)) for e in limited},
+            window_s=max((e.rate_limit_window_s for e in limited), default=0.0),
+            group=self.pool.group,
+            max_concurrency={e.name: e.max_concurrency for e in self.settings.endpoints},
         )
-        runs = await asyncio.to_thread(coordinator.heartbeat)
-        self.pool.set_shares(runs)
+        runs = await self._heartbeat(coordinator)
         if any(n > 1 for n in runs.values()):
-            # Let the runs already sending see us and shrink before we start.
+            # Let the runs already sending see us and shrink before we start, then count again:
+            # runs that joined while we waited shrink our share too (else it is stale until our
+            # first heartbeat, and the runs together exceed the endpoint's limits).
             await asyncio.sleep(self.settings.coordination_interval_s * 1.5)
+            await self._heartbeat(coordinator)
         return coordinator
+
+    async def _heartbeat(self, coordinator: RunCoordinator) -> dict[str, int]:
+        runs = await asyncio.to_thread(coordinator.heartbeat, self.pool.window_usage(),
+                                       self.pool.in_flight())
+        self.pool.set_shares(runs)
+        self.pool.set_rate_limits(coordinator.limits)
+        self.pool.set_capacities(coordinator.capacities)
+        return runs
 
     async def _heartbeat_loop(self, coordinator: RunCoordinator) -> None:
         while True:
             await asyncio.sleep(self.settings.coordination_interval_s)
             try:
-                runs = await asyncio.to_thread(coordinator.heartbeat)
+                await self._heartbeat(coordinator)
             except Exception as exc:  # a busy database delays a heartbeat; shares stay as they are
                 self.log.warning(f"batchllm: run coordination heartbeat failed: {exc}")
-                continue
-            self.pool.set_shares(runs)
 
     async def _produce(self, queue: asyncio.Queue, workers_n: int) -> None:
         chunk_rows = self.settings.chunk_rows
         for start in range(0, len(self.inputs), chunk_rows):
             chunk = self.inputs.iloc[start:start + chunk_rows]
-            rows = chunk.itertuples(index=False, name=None)
+            rows = row_tuples(chunk)
             fresh: dict[str, KeyState] = {}
             items = iter_row_requests(rows, self.spec,
                                       default_max_tokens=self.settings.default_max_tokens)
@@ -172,8 +224,13 @@ class InferenceRun:
                     continue
                 state = self._inflight.get(item.key) or fresh.get(item.key)
                 if state is not None:
-                    state.rows.append(row)
                     self.stats.deduplicated += 1
+                    if state.outcome is None:
+                        state.rows.append(row)
+                    else:  # answered already, its record not written yet
+                        row_status, value, error, error_type = state.outcome
+                        self._finish_rows([row], row_status, value=value, error=error,
+                                          error_type=error_type)
                     continue
                 settled = self._settled_not_ok.get(item.key)
                 if settled is not None:
@@ -187,11 +244,44 @@ class InferenceRun:
                 for key, hit in hits.items():
                     if self._answer_from_ledger(fresh[key], hit):
                         del fresh[key]
+            if fresh and self._coordinator is not None:
+                for key in await self._claim(list(fresh)):
+                    self._inflight[key] = self._parked[key] = fresh.pop(key)
+                # Answered and released by another run between the lookup and the claim?
+                hits = await asyncio.to_thread(self.ledger.lookup_ok, list(fresh),
+                                               self.partition_key, self.scope)
+                for key, hit in hits.items():
+                    if self._answer_from_ledger(fresh[key], hit):
+                        del fresh[key]
             for key, state in fresh.items():
                 self._inflight[key] = state
                 await queue.put(state)
+        await self._drain_parked(queue)
         for _ in range(workers_n):
             await queue.put(None)
+
+    async def _claim(self, keys: list[str]) -> set[str]:
+        """Claim requests for this run; return those another live run is sending."""
+        try:
+            return await asyncio.to_thread(self._coordinator.claim, keys)
+        except Exception as exc:  # without claims the worst outcome is paying twice
+            self.log.warning(f"batchllm: claiming requests failed, sending them anyway: "
+                             f"{type(exc).__name__}: {exc}")
+            return set()
+
+    async def _drain_parked(self, queue: asyncio.Queue) -> None:
+        """Wait for the requests other runs were sending: answer them from the ledger once
+        written, or send them after all when their run failed, deferred or dropped them."""
+        while self._parked:
+            await asyncio.sleep(self.settings.coordination_interval_s)
+            held = await self._claim(list(self._parked))  # claim first: an answer is written
+            hits = await asyncio.to_thread(  # before its claim ends, so this lookup sees it
+                self.ledger.lookup_ok, list(self._parked), self.partition_key, self.scope)
+            for key, hit in hits.items():
+                if self._answer_from_ledger(self._parked[key], hit):
+                    del self._parked[key]
+            for key in [k for k in self._parked if k not in held]:
+                await queue.put(self._parked.pop(key))
 
     def _precheck(self, request: RowRequest) -> RowError | None:
         if not self.pool.serves(request.model):
@@ -218,12 +308,30 @@ class InferenceRun:
                 await self._process(state)
             except asyncio.CancelledError:
                 raise
+            except _LedgerUnwritable as exc:  # reported once, by the flush loop and the last write
+                self._settle(state, FAILED, error=f"internal_error: {exc}",
+                             error_type="internal_error")
             except Exception as exc:  # a bug must not take the other rows down with it
                 self.log.exception("batchllm: internal error while processing a request")
                 self._settle(state, FAILED, error=f"internal_error: {type(exc).__name__}: {exc}",
                              error_type="internal_error")
 
+    async def _wait_for_ledger_room(self) -> None:
+        """Send nothing new while a batch's worth of answers is not in the ledger yet.
+
+        So requests in flight plus answers not yet written stay below ``max_concurrency +
+        ledger_flush_rows``: that is all a crash can make a rerun pay for twice.
+        """
+        while len(self._buffer) + self._writing >= self._ledger_room:
+            if self._ledger_error is not None:  # answers could not be kept: stop paying for more
+                raise _LedgerUnwritable(
+                    f"not sent: the ledger cannot be written ({self._ledger_error})")
+            self._flush_now.set()
+            self._written.clear()
+            await self._written.wait()
+
     async def _process(self, state: KeyState) -> None:
+        await self._wait_for_ledger_room()
         request = state.request
         reserve = request.reserve_tokens
         if self.budget is not None:
@@ -235,56 +343,77 @@ class InferenceRun:
                         "a later call will send it"), error_type="deferred")
                     return
                 await self.budget.wait_for_settlement()
-        attempts = 0
-        spent = 0
-        endpoint_name = None
-        completion = None
+        tries = _Tries()
         try:
-            async for attempt in retrying(
-                max_attempts=self.settings.max_attempts,
-                initial_backoff_s=self.settings.retry_initial_backoff_s,
-                max_backoff_s=self.settings.retry_max_backoff_s,
-                max_retry_after_s=self.settings.max_retry_after_s,
-            ):
-                with attempt:
-                    attempts += 1
-                    lease = await self.pool.acquire(request.model, reserve)
-                    endpoint_name = lease.endpoint.spec.name
-                    self.stats.requests += 1
-                    try:
-                        completion = await self.transport.send(lease.endpoint.spec, request)
-                    except EndpointError as exc:
-                        self.pool.release(lease, success=False,
-                                          unhealthy=exc.counts_against_endpoint,
-                                          actual_tokens=None)
-                        raise
-                    except BaseException:
-                        self.pool.release(lease, success=False, unhealthy=True,
-                                          actual_tokens=None)
-                        raise
-                    used = (completion.prompt_tokens + completion.completion_tokens
-                            if completion.usage_reported else reserve)
-                    spent += used
-                    self.pool.release(lease, success=True, unhealthy=False, actual_tokens=used)
+            try:
+                # The first try runs without the retry machinery: most requests need no more.
+                completion = await self._try_once(request, reserve, tries)
+            except RowError as first:
+                if not is_retryable(first) or self.settings.max_attempts <= 1:
+                    raise
+                await asyncio.sleep(self._backoff.delay(first, 1))
+                async for attempt in retrying(
+                    max_attempts=self.settings.max_attempts,
+                    initial_backoff_s=self.settings.retry_initial_backoff_s,
+                    max_backoff_s=self.settings.retry_max_backoff_s,
+                    max_retry_after_s=self.settings.max_retry_after_s,
+                    attempts_before=1,
+                ):
+                    with attempt:
+                        completion = await self._try_once(request, reserve, tries)
         except RowError as exc:
             self._settle(state, FAILED, error=exc.as_cell(), error_type=exc.error_type.value,
-                         attempts=attempts, endpoint=endpoint_name)
+                         attempts=tries.count, endpoint=tries.endpoint)
             return
         finally:
-            self.stats.retries += max(0, attempts - 1)
+            self.stats.retries += max(0, tries.count - 1)
             if self.budget is not None:
-                self.budget.settle(reserve, spent)
+                self.budget.settle(reserve, tries.spent)
+        attempts, endpoint_name = tries.count, tries.endpoint
         self._latencies.append(completion.latency_s)
         self._add_tokens(request.model, completion.prompt_tokens, completion.completion_tokens)
         try:
             value = self._parse_output(completion.content)
         except StructuredOutputError as exc:
+            if completion.finish_reason == "length":
+                exc = StructuredOutputError(
+                    f"{exc.message} (the reply was cut off at max_tokens={request.max_tokens}; "
+                    "raise max_tokens)")
             self._settle(state, FAILED, error=exc.as_cell(), error_type=exc.error_type.value,
                          response=completion.content, attempts=attempts, endpoint=endpoint_name,
                          completion=completion)
             return
         self._settle(state, OK, value=value, response=completion.content, attempts=attempts,
                      endpoint=endpoint_name, completion=completion)
+
+    async def _try_once(self, request: RowRequest, reserve: int, tries: _Tries) -> Completion:
+        """One attempt: a lease on an endpoint, the HTTP call, the lease back."""
+        tries.count += 1
+        lease = await self.pool.acquire(request.model, reserve)
+        if len(self._buffer) + self._writing >= self._ledger_room:
+            # Checked again with the slot in hand: while this worker waited for it, the
+            # requests that freed slots added answers to write.
+            try:
+                await self._wait_for_ledger_room()
+            except BaseException:
+                self.pool.give_back_unused(lease)
+                raise
+        tries.endpoint = lease.endpoint.spec.name
+        self.stats.requests += 1
+        try:
+            completion = await self.transport.send(lease.endpoint.spec, request)
+        except EndpointError as exc:
+            self.pool.release(lease, success=False, unhealthy=exc.counts_against_endpoint,
+                              actual_tokens=None)
+            raise
+        except BaseException:
+            self.pool.release(lease, success=False, unhealthy=True, actual_tokens=None)
+            raise
+        used = (completion.prompt_tokens + completion.completion_tokens
+                if completion.usage_reported else reserve)
+        tries.spent += used
+        self.pool.release(lease, success=True, unhealthy=False, actual_tokens=used)
+        return completion
 
     def _parse_output(self, content: str) -> Any:
         if not self.spec.structured:
@@ -328,6 +457,7 @@ class InferenceRun:
                 error_type: str | None = None, response: str | None = None, attempts: int = 0,
                 endpoint: str | None = None, completion: Any = None) -> None:
         row_status = {OK: ROW_OK, FAILED: ROW_FAILED, DEFERRED: ROW_DEFERRED}[status]
+        state.outcome = (row_status, value, error, error_type)
         self._finish_rows(state.rows, row_status, value=value, error=error,
                           error_type=error_type)
         if status != OK:
@@ -380,23 +510,54 @@ class InferenceRun:
 
     # -- ledger writes -----------------------------------------------------------------------
     async def _flush_loop(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await asyncio.wait_for(self._flush_now.wait(),
                                        timeout=self.settings.ledger_flush_interval_s)
             except asyncio.TimeoutError:
                 pass
             self._flush_now.clear()
-            if self._buffer:
-                await asyncio.to_thread(self._flush_sync)
+            if self._stopping or not self._buffer:
+                continue
+            # Swap the buffer out here, on the loop: workers keep appending while a thread writes.
+            records, self._buffer = self._buffer, []
+            keys, self._buffer_keys = self._buffer_keys, []
+            self._writing = len(records)
+            try:
+                await asyncio.to_thread(self._write_records, records, keys)
+            except Exception as exc:  # keep the records; the next flush (or the last) retries
+                self.log.warning(f"batchllm: writing {len(records)} ledger records failed, "
+                                 f"will retry: {type(exc).__name__}: {exc}")
+                self._write_failures += 1
+                if self._write_failures >= _MAX_WRITE_FAILURES:
+                    self._ledger_error = exc
+                self._buffer[:0] = records
+                self._buffer_keys[:0] = keys
+                if not self._stopping:
+                    await asyncio.sleep(self.settings.ledger_flush_interval_s)
+            else:
+                self._write_failures = 0
+                for key in keys:
+                    self._inflight.pop(key, None)
+            finally:
+                self._writing = 0
+                self._written.set()
+
+    def _write_records(self, records: list[dict[str, Any]], keys: list[str]) -> None:
+        self.ledger.upsert(records)
+        if self._coordinator is not None:  # outcomes written: other runs may use them now
+            try:
+                self._coordinator.release(keys)
+            except Exception as exc:  # the claims end when this run leaves
+                self.log.warning(f"batchllm: releasing claims failed: {exc}")
 
     def _flush_sync(self) -> None:
-        # Swap the buffer out first: the event loop keeps appending while this thread writes.
+        """The last write, after every worker has stopped."""
         records, self._buffer = self._buffer, []
         keys, self._buffer_keys = self._buffer_keys, []
         if not records:
             return
-        self.ledger.upsert(records)
+        self._write_records(records, keys)
         for key in keys:
             self._inflight.pop(key, None)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -28,12 +29,15 @@ STATUSES = (OK, FAILED, DEFERRED, SUPERSEDED)
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _LOOKUP_BATCH = 500
+# Names derived from the ledger table's ("ix_<table>_status_partition", "<table>_claims") must
+# fit PostgreSQL's 63-character identifiers too.
+_MAX_LEDGER_TABLE = 63 - len("ix__status_partition")
 
 
 def validate_identifier(name: str, what: str = "identifier") -> str:
     """Refuse anything but a plain SQL identifier (optionally ``schema.name``)."""
     parts = name.split(".") if isinstance(name, str) else [None]
-    if len(parts) > 2 or not all(isinstance(p, str) and _IDENTIFIER.match(p) for p in parts):
+    if len(parts) > 2 or not all(isinstance(p, str) and _IDENTIFIER.fullmatch(p) for p in parts):
         raise InferenceConfigError(
             f"{what} {name!r} is not a plain SQL identifier: use letters, digits and underscores "
             "(optionally schema.name), starting with a letter or underscore."
@@ -57,6 +61,33 @@ def redact_url(url: str) -> str:
         return "<unparseable store_url>"
 
 
+class _SerialStaticPool(sa.pool.StaticPool):
+    """The one connection of an in-memory database, lent to one thread at a time.
+
+    A run looks answers up on one thread while it writes records on another; two transactions
+    on one sqlite3 connection fail ("cannot start a transaction within a transaction").
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._serial = threading.RLock()
+
+    def _do_get(self):
+        self._serial.acquire()
+        try:
+            return super()._do_get()
+        except BaseException:
+            self._serial.release()
+            raise
+
+    def _do_return_conn(self, record) -> None:
+        super()._do_return_conn(record)
+        try:
+            self._serial.release()
+        except RuntimeError:  # returned by the garbage collector, on another thread
+            pass
+
+
 def make_engine(url: str) -> sa.Engine:
     """A SQLAlchemy engine that several processes can share, SQLite files included."""
     try:
@@ -68,7 +99,7 @@ def make_engine(url: str) -> sa.Engine:
     in_memory = parsed.database in (None, "", ":memory:")
     kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 60}}
     if in_memory:
-        kwargs["poolclass"] = sa.pool.StaticPool
+        kwargs["poolclass"] = _SerialStaticPool
     engine = sa.create_engine(url, **kwargs)
 
     @event.listens_for(engine, "connect")
@@ -123,6 +154,11 @@ class Ledger:
 
     def __init__(self, url: str | None, table_name: str = "batchllm_requests"):
         validate_identifier(table_name, "ledger_table")
+        if len(table_name.rpartition(".")[2]) > _MAX_LEDGER_TABLE:
+            raise InferenceConfigError(
+                f"ledger_table {table_name!r} is too long: at most {_MAX_LEDGER_TABLE} characters "
+                "(index and table names derived from it must fit 63)."
+            )
         self.url = normalize_store_url(url or "sqlite://")
         self.in_memory = self.url in ("sqlite://", "sqlite:///:memory:")
         self.table = _ledger_table(table_name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass
 
@@ -58,8 +59,10 @@ class EndpointState:
         scale = self.spec.rate_limit_window_s / 60.0
         if self.request_limiter is not None:
             self.request_limiter.limit = max(1.0, self.spec.requests_per_minute * scale * share)
+            self.request_limiter.lone_request_ok = True
         if self.token_limiter is not None:
             self.token_limiter.limit = self.spec.tokens_per_minute * scale * share
+            self.token_limiter.lone_request_ok = True
 
     @property
     def tripped(self) -> bool:
@@ -125,6 +128,7 @@ class EndpointPool:
             for model in state.spec.models:
                 self._by_model.setdefault(model, []).append(state)
         self._waiters: dict[str, deque[asyncio.Future]] = {m: deque() for m in self._by_model}
+        self.group = uuid.uuid4().hex[:8]  # names this pool's limiters to other runs
 
     def serves(self, model: str) -> bool:
         return model in self._by_model
@@ -160,7 +164,7 @@ class EndpointPool:
     ) -> tuple[Lease | None, float]:
         now = self._clock()
         best: EndpointState | None = None
-        best_free = 0
+        best_rank: tuple[int, int] = (-(1 << 30), 0)
         wait_s = math.inf
         alive = fits = False
         for state in serving:
@@ -175,13 +179,16 @@ class EndpointPool:
                 free = 0 if state.probe_in_flight else 1
             else:
                 free = state.capacity - state.outstanding
-            if free <= best_free:
+            # Healthy endpoints first, then the most free capacity: an endpoint that fails at
+            # once never has requests outstanding and would otherwise look the least loaded.
+            rank = (-state.consecutive_failures, free)
+            if free <= 0 or rank <= best_rank:
                 continue
             rate_wait = state.rate_wait_s(tokens)
             if rate_wait > 0:
                 wait_s = min(wait_s, rate_wait)
                 continue
-            best, best_free = state, free
+            best, best_rank = state, rank
         if best is not None:
             best.outstanding += 1
             best.requests += 1
@@ -201,10 +208,14 @@ class EndpointPool:
                 f"'{model}' admits per rate-limit window {limits}"
             )
         if not alive:
-            raise NoHealthyEndpointError(
+            error = NoHealthyEndpointError(
                 f"every endpoint serving '{model}' is cooling down after repeated failures "
                 f"({', '.join(s.spec.name for s in serving)})"
             )
+            # The retry waits for the first cool-down to end (a probe may then go out), rather
+            # than spending the row's remaining attempts in a few milliseconds of backoff.
+            error.retry_after_s = wait_s if math.isfinite(wait_s) else None
+            raise error
         return None, wait_s
 
     def release(self, lease: Lease, *, success: bool, unhealthy: bool,
@@ -220,8 +231,26 @@ class EndpointPool:
             state.record_failure()
         elif lease.probe:
             state.record_success()  # it answered: alive, even if the answer was an error
-        if lease.token_entry is not None and actual_tokens is not None:
+        # Rate-limit entries count on for a window after the reply (see SlidingWindowLimiter);
+        # a failure keeps its token reservation, as the server may have counted it.
+        if lease.request_entry is not None:
+            state.request_limiter.settle(lease.request_entry)
+        if lease.token_entry is not None:
             state.token_limiter.settle(lease.token_entry, actual_tokens)
+        for model in state.spec.models:
+            self._wake(model)
+
+    def give_back_unused(self, lease: Lease) -> None:
+        """Give back a lease whose request was never sent: as if it had not been taken."""
+        state = lease.endpoint
+        state.outstanding -= 1
+        state.requests -= 1
+        if lease.probe:
+            state.probe_in_flight = False
+        if lease.request_entry is not None:
+            state.request_limiter.settle(lease.request_entry, 0)
+        if lease.token_entry is not None:
+            state.token_limiter.settle(lease.token_entry, 0)
         for model in state.spec.models:
             self._wake(model)
 
@@ -239,6 +268,38 @@ class EndpointPool:
             state.set_share(1.0 / max(1, runs))
             for model in state.spec.models:
                 self._wake(model)  # a larger share may admit a waiter now
+
+    def set_capacities(self, capacities: dict[str, int]) -> None:
+        """Per endpoint, the requests this run may have in flight (other runs use the rest);
+        0 holds sending until the others' claims leave room. Refines ``set_shares``."""
+        for state in self.endpoints:
+            if state.spec.name in capacities:
+                state.capacity = capacities[state.spec.name]
+                for model in state.spec.models:
+                    self._wake(model)
+
+    def in_flight(self) -> dict[str, int]:
+        return {s.spec.name: s.outstanding for s in self.endpoints}
+
+    def window_usage(self) -> dict[str, tuple[float, float]]:
+        """Per endpoint, the requests and tokens its rate limiters count now."""
+        return {
+            s.spec.name: (s.request_limiter.used if s.request_limiter else 0.0,
+                          s.token_limiter.used if s.token_limiter else 0.0)
+            for s in self.endpoints
+        }
+
+    def set_rate_limits(self, limits: dict[str, tuple]) -> None:
+        """Per endpoint, (requests, tokens) limits: each None or (limit per window, whether it
+        is the full fair share); set after ``set_shares``, which they refine."""
+        for state in self.endpoints:
+            pair = limits.get(state.spec.name, (None, None))
+            for limiter, limit in zip((state.request_limiter, state.token_limiter), pair,
+                                      strict=True):
+                if limiter is not None and limit is not None:
+                    limiter.limit, limiter.lone_request_ok = limit
+            for model in state.spec.models:
+                self._wake(model)
 
     def snapshot(self) -> dict[str, dict[str, int | bool]]:
         now = self._clock()

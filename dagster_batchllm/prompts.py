@@ -220,6 +220,14 @@ def _check_schema(schema: Mapping[str, Any]) -> None:
         ) from None
 
 
+def row_tuples(frame: Any) -> Iterator[tuple]:
+    """A DataFrame's rows as plain tuples, in column order. A frame without columns (a template
+    that names none) still gives one empty tuple per row, which ``itertuples`` does not."""
+    if len(frame.columns) == 0:
+        return iter([()] * len(frame))
+    return frame.itertuples(index=False, name=None)
+
+
 def iter_row_requests(
     rows: Iterator[tuple], spec: PromptSpec, *, default_max_tokens: int
 ) -> Iterator[RowRequest | RowError]:
@@ -265,7 +273,7 @@ def make_request(
                           allow_nan=False).encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidInputError(f"the prompt is not valid Unicode text ({exc.reason})") from None
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:  # NaN, or a cell object JSON cannot hold
         raise InvalidInputError(f"the request cannot be encoded as JSON ({exc})") from None
     content_bytes = 0
     content_chars = 0

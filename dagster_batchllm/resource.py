@@ -139,6 +139,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
     )
     store_url: str | None = Field(
         default="sqlite:///batchllm.db",
+        repr=False,  # a PostgreSQL URL may hold a password
         description="SQLAlchemy URL of the results ledger (SQLite file or PostgreSQL); "
         "None keeps an in-memory ledger that lasts one process.",
     )

@@ -50,7 +50,8 @@ class InferenceSettings:
     """Everything the engine needs to run; safe to pickle."""
 
     endpoints: tuple[EndpointSpec, ...]
-    store_url: str | None = "sqlite:///batchllm.db"
+    # Hidden from repr(): a PostgreSQL URL may hold a password.
+    store_url: str | None = field(default="sqlite:///batchllm.db", repr=False)
     ledger_table: str = "batchllm_requests"
     max_attempts: int = 6
     request_timeout_s: float = 120.0

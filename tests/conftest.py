@@ -52,7 +52,7 @@ def make_settings(tmp_path):
     def build(*sims, store_url=None, endpoint_kwargs=None, **overrides) -> InferenceSettings:
         endpoints = tuple(
             EndpointSpec(name=f"ep{i}", base_url=s.base_url, models=tuple(s.models),
-                         max_concurrency=16, **(endpoint_kwargs or {}))
+                         **{"max_concurrency": 16, **(endpoint_kwargs or {})})
             for i, s in enumerate(sims)
         )
         options = {**FAST_SETTINGS, **overrides}

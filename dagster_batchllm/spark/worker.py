@@ -34,7 +34,7 @@ import pandas as pd
 
 from ..client import InferenceClient
 from ..errors import BatchLLMError, RowError
-from ..prompts import build_prompt_spec, iter_row_requests
+from ..prompts import build_prompt_spec, iter_row_requests, row_tuples
 from ..settings import InferenceSettings
 from .budget import SharedTokenBudget
 from .job import ERROR_FIELD, RESULT_FIELD, SparkJob
@@ -189,7 +189,7 @@ def _reservations(client: InferenceClient, frame: pd.DataFrame,
         response_format=kwargs.get("response_format"), columns=list(frame.columns),
         served_models=client.settings.models,
     )
-    rows = frame[spec.input_columns()].itertuples(index=False, name=None)
+    rows = row_tuples(frame[spec.input_columns()])
     seen: set[str] = set()
     total = largest = 0
     for item in iter_row_requests(rows, spec,
