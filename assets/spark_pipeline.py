@@ -22,7 +22,9 @@ Example::
     from assets.spark_pipeline import spark_assets
 
     dg.materialize(spark_assets, partition_key="2026-11-03", resources={
-        "pyspark": PySparkResource(spark_config={"spark.master": "local[2]"}),
+        "pyspark": PySparkResource(spark_config={"spark.master": "local[2]",
+                                                  "spark.driver.bindAddress": "127.0.0.1",
+                                                  "spark.ui.enabled": "false"}),
         "llm": llm, "warehouse": warehouse,
     }, run_config={"ops": {"spark_transcript_summaries": {
         "config": {"parquet_dir": "/tmp/spark"}}}})

@@ -15,7 +15,7 @@ import jsonschema
 import pandas as pd
 import pytest
 
-from dagster_batchllm import BatchInferenceResource, Endpoint, ManagedEndpoint
+from dagster_batchllm import BatchInferenceResource, ManagedEndpoint
 from dagster_batchllm.client import InferenceClient
 
 llama_server = pytest.importorskip(
