@@ -15,6 +15,7 @@ import pytest
 
 from dagster_batchllm import spark as batchllm_spark
 from dagster_batchllm.sql import execute, register_ai_functions, translate
+from dagster_batchllm.sql.examples import CALL_CENTER_PIPELINE
 from dagster_batchllm.testing import SimulatedEndpoint
 
 pytestmark = pytest.mark.spark
@@ -22,34 +23,7 @@ pytestmark = pytest.mark.spark
 DATASET = Path(__file__).resolve().parents[2] / "assets" / "data" / "call_center_transcripts.csv.gz"
 
 # The Databricks blog's query, verbatim (a raw string: the SQL text holds '[^a-zA-Z\\s]').
-DATABRICKS_EXAMPLE = r"""
--- Step 1: Preprocessing
-WITH cleaned_data AS (
-    SELECT LOWER(regexp_replace(transcript_raw_text, '[^a-zA-Z\\s]', '')) AS transcript_text, call_id, call_timestamp
-    FROM call_center_transcripts
-),
-
--- Step 2: LLM Inference
-inference_result AS (
-    SELECT call_id, call_timestamp, ai_query('llama-70b', transcript_text) AS summary_analysis
-    FROM cleaned_data
-),
-
--- Step 3: Post-processing
-final_result AS (
-    SELECT call_id, call_timestamp, summary_analysis,
-        CASE WHEN summary_analysis LIKE '%angry%' THEN 'High Risk'
-             WHEN summary_analysis LIKE '%upset%' THEN 'Medium Risk' ELSE 'Low Risk' END AS risk_level,
-        CASE WHEN summary_analysis LIKE '%refund%' THEN 'Refund Request'
-             WHEN summary_analysis LIKE '%complaint%' THEN 'Complaint' ELSE 'General Inquiry' END AS action_required
-    FROM inference_result
-)
-
--- Retrieve Results
-SELECT call_id, call_timestamp, summary_analysis, risk_level, action_required
-FROM final_result
-WHERE risk_level IN ('High Risk', 'Medium Risk');
-"""  # noqa: E501
+DATABRICKS_EXAMPLE = CALL_CENTER_PIPELINE
 
 # The same three steps, keeping every row (Low Risk too) and the cleaned text beside the labels.
 EVERY_ROW = DATABRICKS_EXAMPLE[:DATABRICKS_EXAMPLE.index("-- Retrieve Results")] + """

@@ -9,39 +9,10 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm.spark import register_ai_functions
+from dagster_batchllm.sql.examples import CALL_CENTER_PIPELINE
 from dagster_batchllm.testing import SimulatedEndpoint
 
 pytestmark = pytest.mark.spark
-
-# The Databricks blog's query, verbatim (a raw string, so Spark SQL receives '[^a-zA-Z\\s]').
-DATABRICKS_QUERY = r"""
--- Step 1: Preprocessing
-WITH cleaned_data AS (
-    SELECT LOWER(regexp_replace(transcript_raw_text, '[^a-zA-Z\\s]', '')) AS transcript_text, call_id, call_timestamp
-    FROM call_center_transcripts
-),
-
--- Step 2: LLM Inference
-inference_result AS (
-    SELECT call_id, call_timestamp, ai_query('llama-70b', transcript_text) AS summary_analysis
-    FROM cleaned_data
-),
-
--- Step 3: Post-processing
-final_result AS (
-    SELECT call_id, call_timestamp, summary_analysis,
-        CASE WHEN summary_analysis LIKE '%angry%' THEN 'High Risk'
-             WHEN summary_analysis LIKE '%upset%' THEN 'Medium Risk' ELSE 'Low Risk' END AS risk_level,
-        CASE WHEN summary_analysis LIKE '%refund%' THEN 'Refund Request'
-             WHEN summary_analysis LIKE '%complaint%' THEN 'Complaint' ELSE 'General Inquiry' END AS action_required
-    FROM inference_result
-)
-
--- Retrieve Results
-SELECT call_id, call_timestamp, summary_analysis, risk_level, action_required
-FROM final_result
-WHERE risk_level IN ('High Risk', 'Medium Risk');
-"""  # noqa: E501
 
 TRANSCRIPTS = {
     "c1": "Customer was ANGRY!!! about order #4521; wants a refund.",
@@ -71,7 +42,7 @@ def cleaned(text: str) -> str:
 def test_the_databricks_example_query_runs_unchanged(spark, transcripts, make_settings):
     with SimulatedEndpoint(models=("llama-70b",)) as sim:
         register_ai_functions(spark, make_settings(sim))
-        rows = spark.sql(DATABRICKS_QUERY).orderBy("call_id").collect()
+        rows = spark.sql(CALL_CENTER_PIPELINE).orderBy("call_id").collect()
         stats = sim.stats(log=False)
 
     # Spark's regexp_replace with '[^a-zA-Z\\s]' cleans exactly as Python's [^a-zA-Z\s] does.
