@@ -497,7 +497,9 @@ class InferenceRun:
             "run_id": self.run_id,
         })
         self._buffer_keys.append(request.key)
-        if len(self._buffer) >= self.settings.ledger_flush_rows:
+        # Write at half the room: one half is written while the other fills, so sending does
+        # not stall during every write (the room, and with it the crash bound, stay the same).
+        if len(self._buffer) >= max(1, self._ledger_room // 2):
             self._flush_now.set()
 
     def _add_tokens(self, model: str, prompt: int, completion: int) -> None:
