@@ -28,6 +28,7 @@ from .errors import (
     UnsupportedModelError,
 )
 from .ledger import DEFERRED, FAILED, OK, Ledger
+from .ledger_writer import LedgerUnwritable, LedgerWriter
 from .pool import EndpointPool
 from .prompts import PromptSpec, RowRequest, iter_row_requests, row_tuples
 from .results import InferenceStats
@@ -37,13 +38,8 @@ from .transport import Completion, Transport, make_transport
 
 PENDING, ROW_OK, ROW_CACHED, ROW_FAILED, ROW_DEFERRED = 0, 1, 2, 3, 4
 _MAX_WORKERS = 8192
-_MAX_WRITE_FAILURES = 5  # consecutive failed ledger writes before the run stops sending
 
 log = logging.getLogger("dagster_batchllm")
-
-
-class _LedgerUnwritable(Exception):
-    """Ledger writes keep failing: the run stops sending (infer() then raises the error)."""
 
 
 class _Tries:
@@ -107,15 +103,9 @@ class InferenceRun:
         self._latencies = array("d")
         self._inflight: dict[str, KeyState] = {}
         self._settled_not_ok: dict[str, tuple[int, str | None, str | None]] = {}
-        self._buffer: list[dict[str, Any]] = []
-        self._buffer_keys: list[str] = []
-        self._flush_now = asyncio.Event()
-        self._written = asyncio.Event()  # set after each ledger write (or failed write)
-        self._writing = 0  # records of the batch being written right now
-        self._stopping = False
-        self._write_failures = 0  # consecutive failed ledger writes
-        self._ledger_room = max(1, settings.ledger_flush_rows)  # most answers awaiting a write
-        self._ledger_error: Exception | None = None
+        self._writer = LedgerWriter(ledger, room=settings.ledger_flush_rows,
+                                    interval_s=settings.ledger_flush_interval_s,
+                                    on_written=self._written_to_ledger, log=self.log)
         self._coordinator: RunCoordinator | None = None
         self._parked: dict[str, KeyState] = {}  # claimed by another run: wait for its answer
         self._done_rows = 0
@@ -132,7 +122,7 @@ class InferenceRun:
         queue: asyncio.Queue[KeyState | None] = asyncio.Queue(maxsize=workers_n)
         coordinator = self._coordinator = await self._join_other_runs()
         await self.transport.open(self.settings.endpoints)
-        background = [asyncio.create_task(self._flush_loop()),
+        background = [asyncio.create_task(self._writer.run()),
                       asyncio.create_task(self._progress_loop())]
         if coordinator is not None:
             background.append(asyncio.create_task(self._heartbeat_loop(coordinator)))
@@ -146,13 +136,12 @@ class InferenceRun:
             await asyncio.gather(*workers, return_exceptions=True)
             # The flush loop is stopped, not cancelled: a write in progress must end before the
             # last flush, or infer() could return before its records are in the ledger.
-            self._stopping = True
-            self._flush_now.set()
+            self._writer.stop()
             for task in background[1:]:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             try:
-                await asyncio.shield(asyncio.to_thread(self._flush_sync))
+                await asyncio.shield(asyncio.to_thread(self._writer.flush_remaining))
             finally:  # also when the last write fails: close connections, leave the others
                 await self.transport.close()
                 if coordinator is not None:
@@ -308,7 +297,7 @@ class InferenceRun:
                 await self._process(state)
             except asyncio.CancelledError:
                 raise
-            except _LedgerUnwritable as exc:  # reported once, by the flush loop and the last write
+            except LedgerUnwritable as exc:  # reported once, by the flush loop and the last write
                 self._settle(state, FAILED, error=f"internal_error: {exc}",
                              error_type="internal_error")
             except Exception as exc:  # a bug must not take the other rows down with it
@@ -316,22 +305,8 @@ class InferenceRun:
                 self._settle(state, FAILED, error=f"internal_error: {type(exc).__name__}: {exc}",
                              error_type="internal_error")
 
-    async def _wait_for_ledger_room(self) -> None:
-        """Send nothing new while a batch's worth of answers is not in the ledger yet.
-
-        So requests in flight plus answers not yet written stay below ``max_concurrency +
-        ledger_flush_rows``: that is all a crash can make a rerun pay for twice.
-        """
-        while len(self._buffer) + self._writing >= self._ledger_room:
-            if self._ledger_error is not None:  # answers could not be kept: stop paying for more
-                raise _LedgerUnwritable(
-                    f"not sent: the ledger cannot be written ({self._ledger_error})")
-            self._flush_now.set()
-            self._written.clear()
-            await self._written.wait()
-
     async def _process(self, state: KeyState) -> None:
-        await self._wait_for_ledger_room()
+        await self._writer.wait_for_room()
         request = state.request
         reserve = request.reserve_tokens
         if self.budget is not None:
@@ -390,11 +365,11 @@ class InferenceRun:
         """One attempt: a lease on an endpoint, the HTTP call, the lease back."""
         tries.count += 1
         lease = await self.pool.acquire(request.model, reserve)
-        if len(self._buffer) + self._writing >= self._ledger_room:
+        if self._writer.full:
             # Checked again with the slot in hand: while this worker waited for it, the
             # requests that freed slots added answers to write.
             try:
-                await self._wait_for_ledger_room()
+                await self._writer.wait_for_room()
             except BaseException:
                 self.pool.give_back_unused(lease)
                 raise
@@ -480,7 +455,7 @@ class InferenceRun:
     def _record(self, request: RowRequest, status: str, *, response: str | None = None,
                 error: str | None = None, error_type: str | None = None, attempts: int = 0,
                 endpoint: str | None = None, completion: Any = None) -> None:
-        self._buffer.append({
+        self._writer.add({
             "request_key": request.key,
             "scope": self.scope,
             "partition_key": self.partition_key,
@@ -495,12 +470,7 @@ class InferenceRun:
             "endpoint": endpoint,
             "latency_ms": round(completion.latency_s * 1000, 3) if completion else None,
             "run_id": self.run_id,
-        })
-        self._buffer_keys.append(request.key)
-        # Write at half the room: one half is written while the other fills, so sending does
-        # not stall during every write (the room, and with it the crash bound, stay the same).
-        if len(self._buffer) >= max(1, self._ledger_room // 2):
-            self._flush_now.set()
+        }, request.key)
 
     def _add_tokens(self, model: str, prompt: int, completion: int) -> None:
         self.stats.prompt_tokens += prompt
@@ -511,55 +481,13 @@ class InferenceRun:
         per_model["completion_tokens"] += completion
 
     # -- ledger writes -----------------------------------------------------------------------
-    async def _flush_loop(self) -> None:
-        while not self._stopping:
-            try:
-                await asyncio.wait_for(self._flush_now.wait(),
-                                       timeout=self.settings.ledger_flush_interval_s)
-            except asyncio.TimeoutError:
-                pass
-            self._flush_now.clear()
-            if self._stopping or not self._buffer:
-                continue
-            # Swap the buffer out here, on the loop: workers keep appending while a thread writes.
-            records, self._buffer = self._buffer, []
-            keys, self._buffer_keys = self._buffer_keys, []
-            self._writing = len(records)
-            try:
-                await asyncio.to_thread(self._write_records, records, keys)
-            except Exception as exc:  # keep the records; the next flush (or the last) retries
-                self.log.warning(f"batchllm: writing {len(records)} ledger records failed, "
-                                 f"will retry: {type(exc).__name__}: {exc}")
-                self._write_failures += 1
-                if self._write_failures >= _MAX_WRITE_FAILURES:
-                    self._ledger_error = exc
-                self._buffer[:0] = records
-                self._buffer_keys[:0] = keys
-                if not self._stopping:
-                    await asyncio.sleep(self.settings.ledger_flush_interval_s)
-            else:
-                self._write_failures = 0
-                for key in keys:
-                    self._inflight.pop(key, None)
-            finally:
-                self._writing = 0
-                self._written.set()
-
-    def _write_records(self, records: list[dict[str, Any]], keys: list[str]) -> None:
-        self.ledger.upsert(records)
+    def _written_to_ledger(self, keys: list[str]) -> None:
+        """Runs on the writer's thread after each write."""
         if self._coordinator is not None:  # outcomes written: other runs may use them now
             try:
                 self._coordinator.release(keys)
             except Exception as exc:  # the claims end when this run leaves
                 self.log.warning(f"batchllm: releasing claims failed: {exc}")
-
-    def _flush_sync(self) -> None:
-        """The last write, after every worker has stopped."""
-        records, self._buffer = self._buffer, []
-        keys, self._buffer_keys = self._buffer_keys, []
-        if not records:
-            return
-        self._write_records(records, keys)
         for key in keys:
             self._inflight.pop(key, None)
 
