@@ -5,7 +5,10 @@ group at a time through :class:`~dagster_batchllm.client.InferenceClient`:
 
 * :func:`register_ai_functions` registers ``ai_query`` in Spark SQL with Databricks' signature,
   so the Databricks example query runs in ``spark.sql(...)`` unchanged. It returns STRING, or
-  ``STRUCT<result: STRING, errorMessage: STRING>`` with ``failOnError => false``.
+  ``STRUCT<result: STRING, errorMessage: STRING>`` with ``failOnError => false``. It also
+  registers the Databricks AI functions (``ai_summarize``, ``ai_classify``, ``ai_extract``,
+  ``ai_analyze_sentiment``, ``ai_translate``, ``ai_fix_grammar``, ``ai_mask``, ``ai_gen``,
+  ``ai_similarity``) from the SQL module's catalogue (see :mod:`.functions`).
 * :func:`ai_query_col` is the same as a column: ``df.withColumn("s", ai_query_col(model, col))``.
 * :func:`infer_grouped` runs ``groupBy(model).applyInPandas`` for tables whose rows name their
   model; one client per model per worker process.

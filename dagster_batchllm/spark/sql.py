@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from ..errors import InferenceConfigError
-from . import worker
+from . import functions, worker
 from .job import RESULT_STRUCT_DDL
 from .session import SparkAI
 
@@ -48,7 +48,12 @@ def register_ai_functions(spark: Any, resource_or_settings: Any, *,
                           scope: str | None = None, context: Any = None,
                           budget_wait_s: float = 30.0,
                           limits: Literal["split", "shared"] = "split") -> SparkAI:
-    """Register ``ai_query`` in ``spark``'s SQL and make these settings the active ones.
+    """Register ``ai_query`` and the AI functions in ``spark``'s SQL; activate these settings.
+
+    The AI functions (``ai_summarize``, ``ai_classify``, ``ai_extract``,
+    ``ai_analyze_sentiment``, ``ai_translate``, ``ai_fix_grammar``, ``ai_mask``, ``ai_gen``,
+    ``ai_similarity``) are described in :mod:`dagster_batchllm.spark.functions`; they share
+    ``ai_query``'s budget.
 
     Returns the :class:`SparkAI` (for ``ai_query_col``/``infer_grouped`` and the budget's
     figures). ``context`` (a Dagster asset context) records its partition key, run id and asset
@@ -69,6 +74,7 @@ def register_ai_functions(spark: Any, resource_or_settings: Any, *,
     builder = AIQueryBuilder(ai, as_text._unwrapped._judf, as_struct._unwrapped._judf)
     _register_builder(spark, "ai_query", builder)
     ai.sql_builder = builder  # Spark's registry holds only a py4j proxy of it
+    ai.function_builders = functions.register(spark, ai, job)  # kept alive for the same reason
     return ai.activate()
 
 

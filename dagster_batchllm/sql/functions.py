@@ -40,6 +40,7 @@ from .calls import (
     result_struct,
     return_type,
 )
+from .runtime import _read
 from .schemas import coerce_reply
 from .types import FLOAT, STRING, SQLType, struct
 
@@ -271,3 +272,16 @@ AI_FUNCTIONS = (
 )
 
 FUNCTIONS: dict[str, AIFunction] = {f.name: f for f in (AI_QUERY, *AI_FUNCTIONS)}
+
+
+def read_result(call: BoundCall, output: Any, error: str | None) -> tuple[Any, str | None]:
+    """One row's ``infer`` output and error -> ``(SQL value, error)``, as the engines read it.
+
+    For engines outside this module (Spark): ``call.reader`` takes the value out of the parsed
+    reply (the label, the score); a reply it cannot read becomes the row's error.
+
+    >>> call = FUNCTIONS["ai_similarity"].bind({})
+    >>> read_result(call, {"score": 1}, None)
+    (1.0, None)
+    """
+    return _read(call, (output, error))
