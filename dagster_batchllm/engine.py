@@ -111,6 +111,7 @@ class InferenceRun:
         self._done_rows = 0
         self._started = 0.0
         self._context_limits = self._context_limits_by_model()
+        self._validator: Any = None
         self._backoff = WaitRetryAfterOrBackoff(
             initial_s=settings.retry_initial_backoff_s, max_s=settings.retry_max_backoff_s,
             max_retry_after_s=settings.max_retry_after_s)
@@ -399,13 +400,12 @@ class InferenceRun:
             raise StructuredOutputError(
                 f"the reply is not valid JSON: {content[:120]!r}"
             ) from None
-        schema = self.spec.schema
-        if schema is not None:
+        if self.spec.schema is not None:
             import jsonschema
 
-            error = jsonschema.exceptions.best_match(
-                jsonschema.Draft202012Validator(schema).iter_errors(value)
-            )
+            if self._validator is None:  # built once per run: building one costs more than a check
+                self._validator = jsonschema.Draft202012Validator(self.spec.schema)
+            error = jsonschema.exceptions.best_match(self._validator.iter_errors(value))
             if error is not None:
                 where = "/".join(str(p) for p in error.absolute_path) or "(root)"
                 raise StructuredOutputError(
