@@ -122,13 +122,12 @@ class InferenceClient:
             self.settings, spec, df[spec.input_columns()],
             pool=self.pool, ledger=self.ledger, token_budget=budget,
             partition_key=partition_key, run_id=run_id, scope=scope, logger=logger or self.log,
+            collect_keys=bool(supersede_stale and partition_key),
         )
         stats = await run.run()
         if supersede_stale and partition_key:
-            keys = [r.key for r in iter_row_requests(
-                row_tuples(df[spec.input_columns()]), spec,
-                default_max_tokens=self.settings.default_max_tokens) if not isinstance(r, RowError)]
-            await asyncio.to_thread(self.ledger.mark_superseded, partition_key, keys, scope or "")
+            await asyncio.to_thread(self.ledger.mark_superseded, partition_key, run.keys,
+                                    scope or "")
         out = df.copy(deep=False)
         out[output_column] = pd.Series(run.outputs, index=df.index, dtype=object)
         out[error_column] = pd.Series(run.errors, index=df.index, dtype=object)

@@ -81,6 +81,7 @@ class InferenceRun:
         scope: str | None = None,
         logger: Any = None,
         transport: Transport | None = None,
+        collect_keys: bool = False,
     ):
         self.settings = settings
         self.spec = spec
@@ -112,6 +113,8 @@ class InferenceRun:
         self._started = 0.0
         self._context_limits = self._context_limits_by_model()
         self._validator: Any = None
+        # Every request key the input asks for, when the caller retires the others afterwards.
+        self.keys: set[str] | None = set() if collect_keys else None
         self._backoff = WaitRetryAfterOrBackoff(
             initial_s=settings.retry_initial_backoff_s, max_s=settings.retry_max_backoff_s,
             max_retry_after_s=settings.max_retry_after_s)
@@ -207,6 +210,8 @@ class InferenceRun:
                     self._finish_rows([row], ROW_FAILED, error=item.as_cell(),
                                       error_type=item.error_type.value)
                     continue
+                if self.keys is not None:
+                    self.keys.add(item.key)
                 problem = self._precheck(item)
                 if problem is not None:
                     self._finish_rows([row], ROW_FAILED, error=problem.as_cell(),
