@@ -30,9 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from dagster_batchllm.client import InferenceClient  # noqa: E402
-from dagster_batchllm.errors import ErrorType  # noqa: E402
-from dagster_batchllm.settings import EndpointSpec, InferenceSettings  # noqa: E402
+from dagster_batchllm.core.client import InferenceClient  # noqa: E402
+from dagster_batchllm.core.errors import ErrorType  # noqa: E402
+from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings  # noqa: E402
 from dagster_batchllm.testing import SimulatedEndpoint  # noqa: E402
 
 MODEL = "sim-model"
@@ -556,7 +556,7 @@ def ledger_counts(store_url: str, table: str) -> dict[tuple[str, str], int]:
     """(partition, status) -> records, read straight from the ledger database."""
     import sqlalchemy as sa
 
-    from dagster_batchllm.ledger import normalize_store_url, validate_identifier
+    from dagster_batchllm.core.ledger import normalize_store_url, validate_identifier
 
     engine = sa.create_engine(normalize_store_url(store_url))
     try:
@@ -688,7 +688,7 @@ def postgres_unavailable() -> str | None:
 def drop_tables(store_url: str, tables: list[str]) -> None:
     import sqlalchemy as sa
 
-    from dagster_batchllm.ledger import normalize_store_url, validate_identifier
+    from dagster_batchllm.core.ledger import normalize_store_url, validate_identifier
 
     engine = sa.create_engine(normalize_store_url(store_url))
     try:

@@ -38,8 +38,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dagster_batchllm.client import InferenceClient  # noqa: E402
-from dagster_batchllm.settings import EndpointSpec, InferenceSettings  # noqa: E402
+from dagster_batchllm.core.client import InferenceClient  # noqa: E402
+from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings  # noqa: E402
 from dagster_batchllm.testing import SimulatedEndpoint  # noqa: E402
 
 MODEL = "sim-model"

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from dagster_batchllm.client import InferenceClient
-from dagster_batchllm.llama_server import LlamaServer
-from dagster_batchllm.settings import EndpointSpec, InferenceSettings
+from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
+from dagster_batchllm.managed.llama_server import LlamaServer
 
 MODEL = "gemma-3-270m"
 

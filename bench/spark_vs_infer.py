@@ -38,8 +38,8 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 import pandas as pd  # noqa: E402
 
-from dagster_batchllm.client import InferenceClient  # noqa: E402
-from dagster_batchllm.settings import EndpointSpec, InferenceSettings  # noqa: E402
+from dagster_batchllm.core.client import InferenceClient  # noqa: E402
+from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings  # noqa: E402
 from dagster_batchllm.spark import register_ai_functions  # noqa: E402
 from dagster_batchllm.testing import SimulatedEndpoint  # noqa: E402
 

@@ -29,8 +29,8 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 import duckdb  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from dagster_batchllm.client import InferenceClient  # noqa: E402
-from dagster_batchllm.settings import EndpointSpec, InferenceSettings  # noqa: E402
+from dagster_batchllm.core.client import InferenceClient  # noqa: E402
+from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings  # noqa: E402
 from dagster_batchllm.sql import execute, register_ai_functions  # noqa: E402
 from dagster_batchllm.testing import SimulatedEndpoint  # noqa: E402
 

@@ -1,6 +1,6 @@
 """dagster-batchllm: batch LLM inference over tables, as Dagster assets.
 
-The Dagster-facing names are imported lazily, so ``import dagster_batchllm.client`` (as Spark
+The Dagster-facing names are imported lazily, so ``import dagster_batchllm.core.client`` (as Spark
 executors and subprocesses do) does not pay for importing dagster.
 """
 
@@ -9,11 +9,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._moved import install as _install_moved_module_paths
+
 __version__ = "0.1.0"
+_install_moved_module_paths()
 
 _LAZY = {
     "build_inference_asset": "dagster_batchllm.asset_factory",
-    "BatchInferenceComponent": "dagster_batchllm.component",
+    "BatchInferenceComponent": "dagster_batchllm.components.inference",
     "build_retry_partitions_sensor": "dagster_batchllm.sensors",
     "build_new_data_sensor": "dagster_batchllm.sensors",
     "stats_metadata": "dagster_batchllm.metadata",
@@ -21,16 +24,16 @@ _LAZY = {
     "Endpoint": "dagster_batchllm.resource",
     "ModelPrice": "dagster_batchllm.resource",
     "ManagedEndpoint": "dagster_batchllm.resource",
-    "InferenceClient": "dagster_batchllm.client",
-    "InferenceResult": "dagster_batchllm.results",
-    "InferenceStats": "dagster_batchllm.results",
-    "InferenceEstimate": "dagster_batchllm.results",
-    "EndpointSpec": "dagster_batchllm.settings",
-    "InferenceSettings": "dagster_batchllm.settings",
-    "Ledger": "dagster_batchllm.ledger",
-    "BatchLLMError": "dagster_batchllm.errors",
-    "InferenceConfigError": "dagster_batchllm.errors",
-    "ErrorType": "dagster_batchllm.errors",
+    "InferenceClient": "dagster_batchllm.core.client",
+    "InferenceResult": "dagster_batchllm.core.results",
+    "InferenceStats": "dagster_batchllm.core.results",
+    "InferenceEstimate": "dagster_batchllm.core.results",
+    "EndpointSpec": "dagster_batchllm.core.settings",
+    "InferenceSettings": "dagster_batchllm.core.settings",
+    "Ledger": "dagster_batchllm.core.ledger",
+    "BatchLLMError": "dagster_batchllm.core.errors",
+    "InferenceConfigError": "dagster_batchllm.core.errors",
+    "ErrorType": "dagster_batchllm.core.errors",
 }
 
 __all__ = [
@@ -57,15 +60,15 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .asset_factory import build_inference_asset
-    from .client import InferenceClient
-    from .component import BatchInferenceComponent
-    from .errors import BatchLLMError, ErrorType, InferenceConfigError
-    from .ledger import Ledger
+    from .components.inference import BatchInferenceComponent
+    from .core.client import InferenceClient
+    from .core.errors import BatchLLMError, ErrorType, InferenceConfigError
+    from .core.ledger import Ledger
+    from .core.results import InferenceEstimate, InferenceResult, InferenceStats
+    from .core.settings import EndpointSpec, InferenceSettings
     from .metadata import stats_metadata
     from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, ModelPrice
-    from .results import InferenceEstimate, InferenceResult, InferenceStats
-    from .sensors import build_new_data_sensor, build_retry_partitions_sensor
-    from .settings import EndpointSpec, InferenceSettings
+    from .sensors.retry_partitions import build_new_data_sensor, build_retry_partitions_sensor
 
 
 def __getattr__(name: str) -> Any:

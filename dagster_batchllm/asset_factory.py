@@ -9,10 +9,10 @@ from typing import Any
 import dagster as dg
 
 from .checks import inference_check_results, inference_check_specs
-from .errors import InferenceConfigError
-from .ledger import validate_identifier
+from .core.errors import InferenceConfigError
+from .core.ledger import validate_identifier
+from .core.prompts import normalize_response_format, template_fields
 from .metadata import merge_stats, stats_metadata
-from .prompts import normalize_response_format, template_fields
 
 _POSITION = "__batchllm_position"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from .results import InferenceStats
+from .core.results import InferenceStats
 
 FAILED_ROW_RATE = "failed_row_rate"
 ROW_COUNT_MATCHES_INPUT = "row_count_matches_input"

@@ -11,7 +11,7 @@ from typing import Any
 
 import dagster as dg
 
-from .results import InferenceStats
+from .core.results import InferenceStats
 
 
 def merge_stats(parts: list[InferenceStats]) -> InferenceStats:

@@ -7,10 +7,10 @@ from typing import Any, Literal
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
-from .client import InferenceClient
-from .managed import ManagedEndpointSpec, RunningEndpoint, start_managed
-from .results import InferenceEstimate, InferenceResult
-from .settings import EndpointSpec, InferenceSettings
+from .core.client import InferenceClient
+from .core.results import InferenceEstimate, InferenceResult
+from .core.settings import EndpointSpec, InferenceSettings
+from .managed.start import ManagedEndpointSpec, RunningEndpoint, start_managed
 
 
 class Endpoint(dg.Config):

@@ -11,8 +11,8 @@ import pytest
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-from dagster_batchllm.client import InferenceClient
-from dagster_batchllm.settings import EndpointSpec, InferenceSettings
+from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
 from dagster_batchllm.testing import SimulatedEndpoint
 
 POSTGRES_URL = os.environ.get(

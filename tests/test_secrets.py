@@ -17,7 +17,7 @@ import pydantic
 import pytest
 
 from dagster_batchllm import BatchInferenceResource, Endpoint, InferenceConfigError
-from dagster_batchllm.settings import EndpointSpec
+from dagster_batchllm.core.settings import EndpointSpec
 from dagster_batchllm.testing import SimulatedEndpoint
 
 MODEL = "sim-model"

@@ -1,7 +1,7 @@
 """Batch LLM inference on Spark: ``ai_query`` in Spark SQL, a column API and many-model runs.
 
 Three doors onto the same executor code (:mod:`.worker`), which answers one Arrow batch or one
-group at a time through :class:`~dagster_batchllm.client.InferenceClient`:
+group at a time through :class:`~dagster_batchllm.core.client.InferenceClient`:
 
 * :func:`register_ai_functions` registers ``ai_query`` in Spark SQL with Databricks' signature,
   so the Databricks example query runs in ``spark.sql(...)`` unchanged. It returns STRING, or
@@ -13,7 +13,7 @@ group at a time through :class:`~dagster_batchllm.client.InferenceClient`:
 * :func:`infer_grouped` runs ``groupBy(model).applyInPandas`` for tables whose rows name their
   model; one client per model per worker process.
 
-What travels to executors is plain data: :class:`~dagster_batchllm.settings.InferenceSettings`
+What travels to executors is plain data: :class:`~dagster_batchllm.core.settings.InferenceSettings`
 (pickled inside the UDF closure), never the Dagster resource, and executor code never imports
 dagster (it would cost seconds per Python worker). Each worker process keeps one client per
 settings, so its endpoint pool, breakers and ledger connection outlive batches.

@@ -34,8 +34,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..errors import InferenceConfigError
-from ..ledger import Ledger, validate_identifier
+from ..core.errors import InferenceConfigError
+from ..core.ledger import Ledger, validate_identifier
 
 
 def _budget_table(ledger_table: str) -> sa.Table:

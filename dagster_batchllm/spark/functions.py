@@ -9,8 +9,8 @@ endpoint serving one model; by default the settings' ``default_model``, else the
 model). Arguments may be named (``ai_summarize(t, endpoint => 'llama-70b')``).
 
 What a function sends and how its reply is read (system prompt, JSON schema, reader) comes from
-:data:`dagster_batchllm.sql.functions.FUNCTIONS`, so DuckDB, SQLite and Spark send identical
-requests and share answers through the ledger. The executor path is ``ai_query``'s: a
+:data:`dagster_batchllm.ai_functions.catalogue.FUNCTIONS`, so DuckDB, SQLite and Spark send
+identical requests and share answers through the ledger. The executor path is ``ai_query``'s: a
 nondeterministic pandas UDF answers each Arrow batch through the worker's cached client (shared
 budget and limits included); executors import neither dagster nor pyspark-side code from here.
 
@@ -37,9 +37,9 @@ from typing import Any
 
 import pandas as pd
 
-from ..errors import InferenceConfigError
-from ..sql.functions import AI_FUNCTIONS, REQUIRED, AIFunction, read_result
-from ..sql.outcomes import failure
+from ..ai_functions.catalogue import AI_FUNCTIONS, REQUIRED, AIFunction, read_result
+from ..ai_functions.outcomes import failure
+from ..core.errors import InferenceConfigError
 from . import worker
 from .job import SparkJob
 

@@ -1,14 +1,14 @@
 """What a Spark task needs to answer its rows, as plain picklable data.
 
 A :class:`SparkJob` is built once on the driver and travels to executors inside the pandas UDF's
-closure. It holds the :class:`~dagster_batchllm.settings.InferenceSettings` already split for one
-task slot (see :func:`split_for_slots`), the generation parameters of the call and, when a token
-budget is set, a :class:`BudgetRef` to the shared budget row in the ledger database. Nothing here
-imports pyspark or dagster.
+closure. It holds the :class:`~dagster_batchllm.core.settings.InferenceSettings` already split
+for one task slot (see :func:`split_for_slots`), the generation parameters of the call and, when
+a token budget is set, a :class:`BudgetRef` to the shared budget row in the ledger database.
+Nothing here imports pyspark or dagster.
 
 Example::
 
-    >>> from dagster_batchllm.settings import EndpointSpec, InferenceSettings
+    >>> from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
     >>> from dagster_batchllm.spark.job import split_for_slots
     >>> settings = InferenceSettings(endpoints=(EndpointSpec(
     ...     name="gpu", base_url="http://127.0.0.1:8000/v1", models=("llama-70b",),
@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InferenceConfigError
-from ..settings import InferenceSettings
+from ..core.errors import InferenceConfigError
+from ..core.settings import InferenceSettings
 
 RESULT_FIELD = "result"
 ERROR_FIELD = "errorMessage"

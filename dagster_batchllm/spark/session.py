@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from ..errors import InferenceConfigError
-from ..prompts import build_prompt_spec
-from ..settings import InferenceSettings
+from ..core.errors import InferenceConfigError
+from ..core.prompts import build_prompt_spec
+from ..core.settings import InferenceSettings
 from .budget import SharedTokenBudget, require_shared_store
 from .job import BudgetRef, SparkJob, endpoint_aliases, generation_params, split_for_slots
 
@@ -175,7 +175,7 @@ class SparkAI:
         ref = ref or (self.budgets[-1] if self.budgets else None)
         if ref is None:
             raise InferenceConfigError("No token budget was created through this SparkAI.")
-        from ..ledger import Ledger
+        from ..core.ledger import Ledger
 
         ledger = Ledger(ref.store_url, ref.ledger_table)
         try:

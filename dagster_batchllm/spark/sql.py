@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from ..errors import InferenceConfigError
+from ..core.errors import InferenceConfigError
 from . import functions, worker
 from .job import RESULT_STRUCT_DDL
 from .session import SparkAI

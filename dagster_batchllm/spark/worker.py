@@ -32,10 +32,10 @@ from typing import Any
 
 import pandas as pd
 
-from ..client import InferenceClient
-from ..errors import BatchLLMError, RowError
-from ..prompts import build_prompt_spec, iter_row_requests, row_tuples
-from ..settings import InferenceSettings
+from ..core.client import InferenceClient
+from ..core.errors import BatchLLMError, RowError
+from ..core.prompts import build_prompt_spec, iter_row_requests, row_tuples
+from ..core.settings import InferenceSettings
 from .budget import SharedTokenBudget
 from .job import ERROR_FIELD, RESULT_FIELD, SparkJob
 

@@ -33,11 +33,11 @@ translates it for the engine, and what cannot be translated faithfully is refuse
 is sent (see :mod:`.dialects`).
 """
 
+from ..ai_functions.catalogue import FUNCTIONS
+from ..ai_functions.outcomes import AIQueryError
+from ..ai_functions.types import SQLType, parse_type
 from .api import AIFunctions, execute, handle_for, register_ai_functions
 from .dialects import TranslationError, translate
-from .functions import FUNCTIONS
-from .outcomes import AIQueryError
-from .types import SQLType, parse_type
 
 __all__ = [
     "FUNCTIONS",

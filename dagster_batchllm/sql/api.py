@@ -17,10 +17,10 @@ import threading
 import weakref
 from typing import Any
 
-from ..client import InferenceClient
-from ..errors import InferenceConfigError
-from ..results import InferenceStats
-from ..settings import InferenceSettings
+from ..core.client import InferenceClient
+from ..core.errors import InferenceConfigError
+from ..core.results import InferenceStats
+from ..core.settings import InferenceSettings
 from .dialects import translate
 from .duckdb_engine import DuckDBFunctions
 from .runtime import Runtime

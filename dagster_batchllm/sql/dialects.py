@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from ..errors import InferenceConfigError
+from ..core.errors import InferenceConfigError
 
 READ_DIALECTS = ("databricks", "spark")
 WRITE_DIALECTS = ("duckdb", "sqlite")

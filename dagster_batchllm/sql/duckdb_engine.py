@@ -37,10 +37,19 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from ..errors import InferenceConfigError
-from .calls import BoundCall
-from .functions import BOOLEAN, FUNCTIONS, INTEGER, LABELS, OBJECT, REQUIRED, TEXT, AIFunction
-from .outcomes import as_json, failure, with_error
+from ..ai_functions.calls import BoundCall
+from ..ai_functions.catalogue import (
+    BOOLEAN,
+    FUNCTIONS,
+    INTEGER,
+    LABELS,
+    OBJECT,
+    REQUIRED,
+    TEXT,
+    AIFunction,
+)
+from ..ai_functions.outcomes import as_json, failure, with_error
+from ..core.errors import InferenceConfigError
 from .runtime import Row, Runtime
 
 CALL_UDF = "__batchllm_call"

@@ -27,9 +27,9 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import InferenceConfigError, RowError
-from ..results import InferenceStats
-from .calls import BoundCall
+from ..ai_functions.calls import BoundCall, read_outcome
+from ..core.errors import InferenceConfigError
+from ..core.results import InferenceStats
 
 Outcome = tuple[Any, "str | None"]  # (SQL value, "<error_type>: <message>" or None)
 Row = tuple[str, "str | None"]  # (model, user message); a None message is SQL NULL: not sent
@@ -126,11 +126,11 @@ class Runtime:
         outcomes: list[Outcome] = [NULL_OUTCOME] * len(rows)
         repeats = sum(len(v) for v in mine.values()) - len(mine)
         for key, indices in mine.items():
-            outcome = _read(call, futures[key].result())
+            outcome = read_outcome(call, futures[key].result())
             for i in indices:
                 outcomes[i] = outcome
         for future, indices in theirs.values():
-            outcome = _read(call, await future)
+            outcome = read_outcome(call, await future)
             for i in indices:
                 outcomes[i] = outcome
         with self._stats_lock:
@@ -220,15 +220,3 @@ def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
         thread.join(timeout=10)
     if not thread.is_alive():
         loop.close()
-
-
-def _read(call: BoundCall, raw: tuple[Any, str | None]) -> Outcome:
-    output, error = raw
-    if error is not None or output is None or call.reader is None:
-        return output, error
-    try:
-        return call.reader(output), None
-    except RowError as exc:
-        return None, exc.as_cell()
-    except (KeyError, TypeError, ValueError) as exc:
-        return None, f"invalid_structured_output: {type(exc).__name__}: {exc}"

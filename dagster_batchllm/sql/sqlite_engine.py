@@ -51,10 +51,10 @@ from __future__ import annotations
 from functools import lru_cache, partial
 from typing import Any
 
-from ..errors import InferenceConfigError
-from .calls import BoundCall
-from .functions import FUNCTIONS, REQUIRED, AIFunction
-from .outcomes import as_json, failure, with_error
+from ..ai_functions.calls import BoundCall
+from ..ai_functions.catalogue import FUNCTIONS, REQUIRED, AIFunction
+from ..ai_functions.outcomes import as_json, failure, with_error
+from ..core.errors import InferenceConfigError
 from .runtime import Outcome, Runtime
 
 _SAVEPOINT = "batchllm_collect"

@@ -12,8 +12,8 @@ Example::
         print(sim.stats()["by_status"])
 """
 
-from .endpoint import SimulatedEndpoint
-from .responders import EchoResponder, Responder, schema_instance
-from .state import max_in_window
+from ..simulator.endpoint import SimulatedEndpoint
+from ..simulator.responders import EchoResponder, Responder, schema_instance
+from ..simulator.state import max_in_window
 
 __all__ = ["EchoResponder", "Responder", "SimulatedEndpoint", "max_in_window", "schema_instance"]

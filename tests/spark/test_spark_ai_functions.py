@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from dagster_batchllm.errors import InferenceConfigError
+from dagster_batchllm.core.errors import InferenceConfigError
 from dagster_batchllm.spark import register_ai_functions
 from dagster_batchllm.testing import SimulatedEndpoint
 

@@ -8,7 +8,7 @@ import pickle
 import pandas as pd
 import pytest
 
-from dagster_batchllm.errors import InferenceConfigError
+from dagster_batchllm.core.errors import InferenceConfigError
 from dagster_batchllm.spark import SparkAI, ai_query_col, register_ai_functions
 from dagster_batchllm.spark.worker import client_for
 from dagster_batchllm.testing import SimulatedEndpoint

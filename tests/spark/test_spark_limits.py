@@ -8,8 +8,8 @@ import time
 import pandas as pd
 import pytest
 
-from dagster_batchllm.errors import InferenceConfigError
-from dagster_batchllm.settings import EndpointSpec
+from dagster_batchllm.core.errors import InferenceConfigError
+from dagster_batchllm.core.settings import EndpointSpec
 from dagster_batchllm.spark import SparkAI, register_ai_functions, split_for_slots
 from dagster_batchllm.spark.budget import SharedTokenBudget
 from dagster_batchllm.spark.worker import _wait_for_tokens

@@ -1,0 +1,46 @@
+"""From row outcomes to SQL values, and the error a query fails with.
+
+A row's outcome is ``(value, error)``. With ``failOnError`` true (the default, as in Databricks)
+any row error fails the whole query with :class:`AIQueryError`; the rows answered before it stay
+in the ledger, so the rerun sends only what failed. With ``failOnError`` false every row gets
+``{"result": value, "errorMessage": error}`` and the query goes on.
+
+Example::
+
+    >>> from dagster_batchllm.ai_functions.outcomes import as_json
+    >>> as_json({"risk": "high"})
+    '{"risk": "high"}'
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..core.errors import BatchLLMError
+
+
+class AIQueryError(BatchLLMError, RuntimeError):
+    """Rows of an AI function call failed while ``failOnError`` was true."""
+
+
+def as_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def with_error(value: Any, error: str | None) -> str:
+    """Databricks' ``failOnError => false`` result, as JSON text."""
+    return as_json({"result": value, "errorMessage": error})
+
+
+def failure(function: str, errors: list[str], rows: int) -> AIQueryError:
+    hint = ("pass failOnError => false (Databricks SQL), failOnError := false (DuckDB) or a "
+            "false fourth argument (SQLite) to get the errors as data"
+            if function == "ai_query" else
+            "use ai_query(..., failOnError => false) (DuckDB: failOnError := false) to get the "
+            "errors as data")
+    return AIQueryError(
+        f"{function} failed for {len(errors)} of the {rows} rows in a batch (failOnError is "
+        f"true); first error: {errors[0]}. Answered rows are kept in the ledger, so a rerun "
+        f"sends only the failed ones; {hint}."
+    )

@@ -1,0 +1,312 @@
+"""The endpoint pool: least-loaded routing, per-endpoint caps and rate limits, circuit breakers.
+
+Every request asks the pool for a lease on one endpoint and gives it back with the outcome. The
+pool never lets an endpoint hold more than ``max_concurrency`` leases, never admits a request its
+rate limits cannot take, and stops routing to an endpoint that keeps failing until a cool-down has
+passed and a single probe request has succeeded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+
+from .errors import NoHealthyEndpointError, RowError, UnsupportedModelError
+from .limits import SlidingWindowLimiter
+from .settings import EndpointSpec
+
+# A waiter re-checks at least this often, so a lost wake-up can delay a request but never hang it.
+_MAX_WAIT_S = 1.0
+_MAX_COOLDOWN_FACTOR = 8
+
+
+class EndpointState:
+    """Live state of one endpoint: leases out, limits, breaker and counters."""
+
+    def __init__(self, spec: EndpointSpec, *, failure_threshold: int, cooldown_s: float, clock):
+        self.spec = spec
+        self.outstanding = 0
+        self._clock = clock
+        self._failure_threshold = failure_threshold
+        self._cooldown_s = cooldown_s
+        self.consecutive_failures = 0
+        self.trips = 0
+        self.open_until = 0.0
+        self.probe_in_flight = False
+        scale = spec.rate_limit_window_s / 60.0
+        self.request_limiter = (
+            SlidingWindowLimiter(spec.requests_per_minute * scale, spec.rate_limit_window_s, clock)
+            if spec.requests_per_minute else None
+        )
+        self.token_limiter = (
+            SlidingWindowLimiter(spec.tokens_per_minute * scale, spec.rate_limit_window_s, clock)
+            if spec.tokens_per_minute else None
+        )
+        self.share = 1.0
+        self.capacity = spec.max_concurrency
+        self.requests = 0
+        self.succeeded = 0
+        self.failed = 0
+
+    def set_share(self, share: float) -> None:
+        """Use only this fraction of the endpoint's limits (other runs use the rest)."""
+        self.share = share
+        self.capacity = max(1, int(self.spec.max_concurrency * share))
+        scale = self.spec.rate_limit_window_s / 60.0
+        if self.request_limiter is not None:
+            self.request_limiter.limit = max(1.0, self.spec.requests_per_minute * scale * share)
+            self.request_limiter.lone_request_ok = True
+        if self.token_limiter is not None:
+            self.token_limiter.limit = self.spec.tokens_per_minute * scale * share
+            self.token_limiter.lone_request_ok = True
+
+    @property
+    def tripped(self) -> bool:
+        return self.consecutive_failures >= self._failure_threshold
+
+    def is_open(self, now: float) -> bool:
+        return self.tripped and now < self.open_until
+
+    def admits_size(self, tokens: int) -> bool:
+        if self.token_limiter is None:
+            return True
+        return tokens <= self.spec.tokens_per_minute * self.spec.rate_limit_window_s / 60.0
+
+    def rate_wait_s(self, tokens: int) -> float:
+        wait = 0.0
+        if self.request_limiter is not None:
+            wait = self.request_limiter.seconds_until_fits(1)
+        if self.token_limiter is not None:
+            wait = max(wait, self.token_limiter.seconds_until_fits(tokens))
+        return wait
+
+    def record_success(self) -> None:
+        self.succeeded += 1
+        self.consecutive_failures = 0
+        self.trips = 0
+
+    def record_failure(self) -> None:
+        self.failed += 1
+        self.consecutive_failures += 1
+        if self.tripped:
+            self.trips += 1
+            factor = min(2 ** (self.trips - 1), _MAX_COOLDOWN_FACTOR)
+            self.open_until = self._clock() + self._cooldown_s * factor
+
+
+@dataclass(slots=True)
+class Lease:
+    endpoint: EndpointState
+    request_entry: object | None
+    token_entry: object | None
+    probe: bool
+
+
+class EndpointPool:
+    """Routes requests over endpoints; one instance is shared by all rows of a call."""
+
+    def __init__(
+        self,
+        specs: tuple[EndpointSpec, ...],
+        *,
+        failure_threshold: int = 5,
+        cooldown_s: float = 10.0,
+        clock=time.monotonic,
+    ):
+        self._clock = clock
+        self.endpoints = [
+            EndpointState(s, failure_threshold=failure_threshold, cooldown_s=cooldown_s,
+                          clock=clock)
+            for s in specs
+        ]
+        self._by_model: dict[str, list[EndpointState]] = {}
+        for state in self.endpoints:
+            for model in state.spec.models:
+                self._by_model.setdefault(model, []).append(state)
+        self._waiters: dict[str, deque[asyncio.Future]] = {m: deque() for m in self._by_model}
+        self.group = uuid.uuid4().hex[:8]  # names this pool's limiters to other runs
+
+    def serves(self, model: str) -> bool:
+        return model in self._by_model
+
+    def capacity(self, model: str | None = None) -> int:
+        states = self.endpoints if model is None else self._by_model.get(model, [])
+        return sum(s.spec.max_concurrency for s in states)
+
+    async def acquire(self, model: str, tokens: int) -> Lease:
+        serving = self._by_model.get(model)
+        if not serving:
+            raise UnsupportedModelError(
+                f"no configured endpoint serves model '{model}' "
+                f"(served: {sorted(self._by_model)})"
+            )
+        while True:
+            lease, wait_s = self._try_acquire(serving, model, tokens)
+            if lease is not None:
+                return lease
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters[model].append(waiter)
+            try:
+                await asyncio.wait_for(waiter, timeout=min(wait_s, _MAX_WAIT_S))
+            except asyncio.TimeoutError:
+                pass
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake(model)  # hand the wake-up we consumed to the next waiter
+                raise
+
+    def _try_acquire(
+        self, serving: list[EndpointState], model: str, tokens: int
+    ) -> tuple[Lease | None, float]:
+        now = self._clock()
+        best: EndpointState | None = None
+        best_rank: tuple[int, int] = (-(1 << 30), 0)
+        wait_s = math.inf
+        alive = fits = False
+        for state in serving:
+            if not state.admits_size(tokens):
+                continue
+            fits = True
+            if state.is_open(now):
+                wait_s = min(wait_s, state.open_until - now)
+                continue
+            alive = True
+            if state.tripped:  # half-open: exactly one probe at a time
+                free = 0 if state.probe_in_flight else 1
+            else:
+                free = state.capacity - state.outstanding
+            # Healthy endpoints first, then the most free capacity: an endpoint that fails at
+            # once never has requests outstanding and would otherwise look the least loaded.
+            rank = (-state.consecutive_failures, free)
+            if free <= 0 or rank <= best_rank:
+                continue
+            rate_wait = state.rate_wait_s(tokens)
+            if rate_wait > 0:
+                wait_s = min(wait_s, rate_wait)
+                continue
+            best, best_rank = state, rank
+        if best is not None:
+            best.outstanding += 1
+            best.requests += 1
+            probe = best.tripped
+            if probe:
+                best.probe_in_flight = True
+            return Lease(
+                endpoint=best,
+                request_entry=best.request_limiter.take(1) if best.request_limiter else None,
+                token_entry=best.token_limiter.take(tokens) if best.token_limiter else None,
+                probe=probe,
+            ), 0.0
+        if not fits:
+            limits = {s.spec.name: s.token_limiter.limit for s in serving if s.token_limiter}
+            raise RowError(
+                f"the request may use up to {tokens} tokens, more than any endpoint serving "
+                f"'{model}' admits per rate-limit window {limits}"
+            )
+        if not alive:
+            error = NoHealthyEndpointError(
+                f"every endpoint serving '{model}' is cooling down after repeated failures "
+                f"({', '.join(s.spec.name for s in serving)})"
+            )
+            # The retry waits for the first cool-down to end (a probe may then go out), rather
+            # than spending the row's remaining attempts in a few milliseconds of backoff.
+            error.retry_after_s = wait_s if math.isfinite(wait_s) else None
+            raise error
+        return None, wait_s
+
+    def release(self, lease: Lease, *, success: bool, unhealthy: bool,
+                actual_tokens: int | None) -> None:
+        """Give a lease back. ``unhealthy`` failures feed the breaker; 429s and 4xx do not."""
+        state = lease.endpoint
+        state.outstanding -= 1
+        if lease.probe:
+            state.probe_in_flight = False
+        if success:
+            state.record_success()
+        elif unhealthy:
+            state.record_failure()
+        elif lease.probe:
+            state.record_success()  # it answered: alive, even if the answer was an error
+        # Rate-limit entries count on for a window after the reply (see SlidingWindowLimiter);
+        # a failure keeps its token reservation, as the server may have counted it.
+        if lease.request_entry is not None:
+            state.request_limiter.settle(lease.request_entry)
+        if lease.token_entry is not None:
+            state.token_limiter.settle(lease.token_entry, actual_tokens)
+        for model in state.spec.models:
+            self._wake(model)
+
+    def give_back_unused(self, lease: Lease) -> None:
+        """Give back a lease whose request was never sent: as if it had not been taken."""
+        state = lease.endpoint
+        state.outstanding -= 1
+        state.requests -= 1
+        if lease.probe:
+            state.probe_in_flight = False
+        if lease.request_entry is not None:
+            state.request_limiter.settle(lease.request_entry, 0)
+        if lease.token_entry is not None:
+            state.token_limiter.settle(lease.token_entry, 0)
+        for model in state.spec.models:
+            self._wake(model)
+
+    def _wake(self, model: str) -> None:
+        waiters = self._waiters.get(model)
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def set_shares(self, runs_per_endpoint: dict[str, int]) -> None:
+        for state in self.endpoints:
+            runs = runs_per_endpoint.get(state.spec.name, 1)
+            state.set_share(1.0 / max(1, runs))
+            for model in state.spec.models:
+                self._wake(model)  # a larger share may admit a waiter now
+
+    def set_capacities(self, capacities: dict[str, int]) -> None:
+        """Per endpoint, the requests this run may have in flight (other runs use the rest);
+        0 holds sending until the others' claims leave room. Refines ``set_shares``."""
+        for state in self.endpoints:
+            if state.spec.name in capacities:
+                state.capacity = capacities[state.spec.name]
+                for model in state.spec.models:
+                    self._wake(model)
+
+    def in_flight(self) -> dict[str, int]:
+        return {s.spec.name: s.outstanding for s in self.endpoints}
+
+    def window_usage(self) -> dict[str, tuple[float, float]]:
+        """Per endpoint, the requests and tokens its rate limiters count now."""
+        return {
+            s.spec.name: (s.request_limiter.used if s.request_limiter else 0.0,
+                          s.token_limiter.used if s.token_limiter else 0.0)
+            for s in self.endpoints
+        }
+
+    def set_rate_limits(self, limits: dict[str, tuple]) -> None:
+        """Per endpoint, (requests, tokens) limits: each None or (limit per window, whether it
+        is the full fair share); set after ``set_shares``, which they refine."""
+        for state in self.endpoints:
+            pair = limits.get(state.spec.name, (None, None))
+            for limiter, limit in zip((state.request_limiter, state.token_limiter), pair,
+                                      strict=True):
+                if limiter is not None and limit is not None:
+                    limiter.limit, limiter.lone_request_ok = limit
+            for model in state.spec.models:
+                self._wake(model)
+
+    def snapshot(self) -> dict[str, dict[str, int | bool]]:
+        now = self._clock()
+        return {
+            s.spec.name: {
+                "requests": s.requests, "succeeded": s.succeeded, "failed": s.failed,
+                "outstanding": s.outstanding, "cooling_down": s.is_open(now),
+            }
+            for s in self.endpoints
+        }

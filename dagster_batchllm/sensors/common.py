@@ -1,0 +1,97 @@
+"""What the inference sensors share: tags, cursors, identifiers and partition checks."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+
+from ..core.ledger import normalize_store_url, redact_url
+
+RETRY_TAG = "batchllm/retry"
+RETRY_ROUND_TAG = "batchllm/retry_round"
+NEW_DATA_TAG = "batchllm/new_data"
+NEW_DATA_CURSOR_TAG = "batchllm/new_data_cursor"
+
+
+def _in_memory_url(url: str) -> bool:
+    try:
+        parsed = sa.engine.make_url(normalize_store_url(url))
+    except sa.exc.ArgumentError:
+        raise dg.DagsterInvalidDefinitionError(
+            f"{redact_url(url)} is not a SQLAlchemy URL (e.g. sqlite:///path/to/file.db or "
+            "postgresql+psycopg://user@host/db)."
+        ) from None
+    return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
+
+
+def _missing_sqlite_file(url: str) -> bool:
+    parsed = sa.engine.make_url(normalize_store_url(url))
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return False
+    return not Path(parsed.database).exists()
+
+
+def _valid_partitions(partitions_def: dg.PartitionsDefinition, keys: Iterable[str],
+                      instance: dg.DagsterInstance) -> set[str]:
+    with dg.partition_loading_context(dynamic_partitions_store=instance):
+        return {k for k in keys if partitions_def.has_partition_key(k)}
+
+
+
+
+def _single_asset(asset: Any, where: str) -> tuple[dg.AssetKey, dg.PartitionsDefinition | None]:
+    if isinstance(asset, dg.AssetSpec):
+        return asset.key, asset.partitions_def
+    if isinstance(asset, dg.AssetsDefinition):
+        if len(asset.keys) != 1:
+            raise dg.DagsterInvalidDefinitionError(
+                f"{where}: pass one asset; this definition has {len(asset.keys)} "
+                f"({sorted(k.to_user_string() for k in asset.keys)[:5]}). Build one sensor per "
+                "inference asset."
+            )
+        return asset.key, asset.partitions_def
+    raise dg.DagsterInvalidDefinitionError(
+        f"{where}: pass the asset definition (e.g. the result of build_inference_asset), got "
+        f"{type(asset).__name__}."
+    )
+
+
+def _asset_key(asset: Any) -> dg.AssetKey:
+    if isinstance(asset, dg.AssetsDefinition | dg.AssetSpec):
+        return asset.key
+    return dg.AssetKey.from_coercible(asset)
+
+
+def _load_cursor(raw: str | None, default: dict[str, Any]) -> dict[str, Any]:
+    if not raw:
+        return default
+    try:
+        loaded = json.loads(raw)
+    except ValueError:
+        raise dg.DagsterInvariantViolationError(
+            f"The sensor cursor is not the JSON this sensor writes ({raw[:80]!r}); reset the "
+            "cursor in the UI (Sensors > the sensor > Set cursor value) to start over."
+        ) from None
+    return {**default, **loaded} if isinstance(loaded, dict) else default
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    if hasattr(value, "item"):  # numpy scalars from pandas-based readers
+        return value.item()
+    return value
+
+
+def _cursor_label(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _identifier(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)

@@ -1,0 +1,133 @@
+"""A run killed with SIGKILL mid-way resumes from its ledger: nothing lost, little paid twice."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.ledger import Ledger
+from dagster_batchllm.testing import SimulatedEndpoint
+
+ROWS = 2000
+CONCURRENCY = 32
+FLUSH_ROWS = 16
+
+# The child: one infer() over ROWS rows into the ledger file, as a Dagster run's process would.
+CHILD = """
+import sys
+import pandas as pd
+from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
+
+base_url, store_url, rows, concurrency, flush_rows = sys.argv[1:6]
+settings = InferenceSettings(
+    endpoints=(EndpointSpec(name="ep0", base_url=base_url, models=("sim-model",),
+                            max_concurrency=int(concurrency)),),
+    store_url=store_url, ledger_flush_rows=int(flush_rows), ledger_flush_interval_s=0.05,
+    progress_interval_s=60.0, request_timeout_s=10.0,
+)
+df = pd.DataFrame({"text": [f"crash row {i:05d}" for i in range(int(rows))]})
+print("started", flush=True)
+InferenceClient(settings).infer(df, prompt="Echo {text}", model="sim-model",
+                                output_column="out")
+print("finished", flush=True)
+"""
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")
+def test_run_killed_with_sigkill_resumes_every_row_and_resends_at_most_what_was_in_flight(
+    make_settings, tmp_path
+):
+    store_url = f"sqlite:///{tmp_path / 'ledger.db'}"  # make_settings' ledger file too
+    with SimulatedEndpoint(latency_s=0.01) as sim:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, sim.base_url, store_url, str(ROWS), str(CONCURRENCY),
+             str(FLUSH_ROWS)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        )
+        try:
+            wait_until(lambda: sim.stats(log=False)["ok"] >= ROWS // 2 or child.poll() is not None,
+                       60, "the child to get half way")
+            assert child.poll() is None, child.communicate()
+            child.send_signal(signal.SIGKILL)
+            child.wait(10)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+            stdout = child.stdout.read().decode()
+            child.stdout.close()
+            child.stderr.close()
+        assert child.returncode == -signal.SIGKILL and "finished" not in stdout
+        # Let the requests the dead client left behind run out at the server.
+        wait_until(lambda: sim.stats(log=False)["in_flight"] == 0, 10, "in-flight requests")
+        before = sim.stats(log=False)
+        assert 0 < before["ok"] < ROWS and before["duplicates"] == 0
+
+        ledger = Ledger(store_url)
+        recorded = ledger.status_counts()
+        ledger.dispose()
+        assert recorded["failed"] == recorded["deferred"] == 0
+        assert 0 < recorded["ok"] <= before["ok"]
+        answered_not_recorded = before["ok"] - recorded["ok"]
+
+        df = pd.DataFrame({"text": [f"crash row {i:05d}" for i in range(ROWS)]})
+        settings = make_settings(sim, ledger_flush_rows=FLUSH_ROWS)
+        assert settings.store_url == store_url
+        settings = settings.replace(endpoints=(
+            dataclasses.replace(settings.endpoints[0], max_concurrency=CONCURRENCY),))
+        with InferenceClient(settings) as client:
+            result = client.infer(df, prompt="Echo {text}", model="sim-model",
+                                  output_column="out")
+            recorded_after = client.ledger.status_counts()
+
+        # Every row is complete and right.
+        assert (result.stats.succeeded, result.stats.failed) == (ROWS, 0)
+        assert result.df["out"].tolist() == [f"[sim] Echo {t}" for t in df["text"]]
+        assert result.stats.cached == recorded["ok"]
+        assert result.stats.requests == ROWS - recorded["ok"]
+        assert recorded_after["ok"] == ROWS
+        # Only answers the crash kept from the ledger were paid twice: those of the requests in
+        # flight and of the last unwritten ledger batch.
+        after = sim.stats(log=False)
+        assert after["ok"] - before["ok"] == ROWS - recorded["ok"]
+        assert after["duplicates"] == answered_not_recorded
+        assert after["duplicates"] <= CONCURRENCY + FLUSH_ROWS, (
+            f"{after['duplicates']} answers paid twice")
+
+
+def test_a_ledger_that_cannot_be_written_stops_the_run_sending_and_raises(sim, make_client):
+    client = make_client(sim, ledger_flush_rows=8)
+    writes = {"n": 0}
+    upsert = client.ledger.upsert
+
+    def failing_upsert(records):
+        writes["n"] += 1
+        if writes["n"] > 2:
+            raise OSError("disk full")
+        return upsert(records)
+
+    client.ledger.upsert = failing_upsert
+    df = pd.DataFrame({"text": [f"row {i}" for i in range(3000)]})
+    with pytest.raises(OSError, match="disk full"):
+        client.infer(df, prompt="Echo {text}", model="sim-model")
+    # It stopped paying for answers it could not keep: far fewer than 3,000 were sent.
+    sent = sim.stats(log=False)["requests"]
+    assert 0 < sent <= 300
