@@ -9,9 +9,9 @@ from typing import Any
 import dagster as dg
 
 from .checks import inference_check_results, inference_check_specs
+from .core.call import InferenceCall
 from .core.errors import InferenceConfigError
 from .core.ledger import validate_identifier
-from .core.prompts import normalize_response_format, template_fields
 from .metadata import merge_stats, stats_metadata
 
 _POSITION = "__batchllm_position"
@@ -21,19 +21,8 @@ def build_inference_asset(
     *,
     name: str,
     source: Any,
-    output_column: str,
-    prompt: str | None = None,
-    prompt_column: str | None = None,
-    messages_column: str | None = None,
-    system: str | None = None,
-    model: str | None = None,
-    model_column: str | None = None,
-    response_format: Any = None,
+    call: InferenceCall | None = None,
     expand_fields: bool = True,
-    max_tokens: int | None = None,
-    temperature: float | None = None,
-    generation_params: Mapping[str, Any] | None = None,
-    token_budget: int | None = None,
     partitions_def: dg.PartitionsDefinition | None = None,
     partition_column: str | None = None,
     backfill_policy: dg.BackfillPolicy | None = None,
@@ -49,9 +38,13 @@ def build_inference_asset(
     warn_failed_rate: float = 0.01,
     error_failed_rate: float = 0.10,
     preview_rows: int = 5,
+    **call_fields: Any,
 ) -> dg.AssetsDefinition:
     """Build a software-defined asset that runs batch inference over an upstream table.
 
+    What to send is an :class:`~dagster_batchllm.core.call.InferenceCall`: pass one as
+    ``call``, or its fields as keywords (``prompt=``, ``model=``, ``output_column=``,
+    ``max_tokens=``, ``response_format=``, ``generation_params=``, ``token_budget=`` ...).
     The upstream asset's value (a pandas DataFrame, loaded by its IO manager) gets
     ``output_column`` and ``<output_column>_error``; with a JSON-schema ``response_format`` the
     reply's fields also become columns. Partitioned assets infer only their partitions' rows;
@@ -78,31 +71,24 @@ def build_inference_asset(
                 name="gpu-a", base_url="http://127.0.0.1:8000/v1", models=["llama-70b"])])},
         )
     """
+    where = f"build_inference_asset('{name}')"
+    try:
+        validate_identifier(name, "name")
+        call = InferenceCall.of(call, **call_fields)
+    except InferenceConfigError as exc:
+        raise dg.DagsterInvalidDefinitionError(f"{where}: {exc}") from None
     _check_definition(
-        name=name, output_column=output_column, prompt=prompt, prompt_column=prompt_column,
-        messages_column=messages_column, system=system, model=model, model_column=model_column,
-        warn_failed_rate=warn_failed_rate, error_failed_rate=error_failed_rate,
+        where, warn_failed_rate=warn_failed_rate, error_failed_rate=error_failed_rate,
         partitions_def=partitions_def, partition_column=partition_column,
         backfill_policy=backfill_policy,
     )
-    try:
-        response_format = normalize_response_format(response_format)
-    except InferenceConfigError as exc:
-        raise dg.DagsterInvalidDefinitionError(f"build_inference_asset('{name}'): {exc}") from None
     if partitions_def is not None and backfill_policy is None:
         backfill_policy = (dg.BackfillPolicy.single_run() if partition_column
                            else dg.BackfillPolicy.multi_run(1))
     source_key = _asset_key(source)
     asset_key = dg.AssetKey([name])
-    infer_kwargs: dict[str, Any] = {
-        "prompt": prompt, "prompt_column": prompt_column, "messages_column": messages_column,
-        "system": system, "model": model, "model_column": model_column,
-        "output_column": output_column, "response_format": response_format,
-        "max_tokens": max_tokens, "temperature": temperature, "token_budget": token_budget,
-        **dict(generation_params or {}),
-    }
-    infer_kwargs = {k: v for k, v in infer_kwargs.items() if v is not None}
-    schema_fields = _schema_fields(response_format) if expand_fields else []
+    output_column = call.output_column
+    schema_fields = _schema_fields(call.response_format) if expand_fields else []
 
     with warnings.catch_warnings():
         # backfill_policy is "beta" in Dagster; it is the documented way to run single-run
@@ -117,8 +103,7 @@ def build_inference_asset(
             required_resource_keys={resource_key},
             io_manager_key=io_manager_key,
             group_name=group_name,
-            description=description or _describe(prompt, prompt_column, messages_column, model,
-                                                 model_column, output_column),
+            description=description or _describe(call),
             kinds=kinds or {"openai", "pandas"},
             tags=dict(tags or {}),
             owners=list(owners) if owners else None,
@@ -132,8 +117,8 @@ def build_inference_asset(
         results = [
             # Each call covers its whole partition, so records of requests this partition no
             # longer asks for (its input changed) are retired and stop marking it for retry.
-            llm.infer(frame, context=context, partition_key=key,
-                      supersede_stale=key is not None, **infer_kwargs)
+            llm.infer(frame, call, context=context, partition_key=key,
+                      supersede_stale=key is not None)
             for key, frame in parts
         ]
         frames = [r.df for r in results]
@@ -154,29 +139,8 @@ def build_inference_asset(
         return decorator(_inference_asset)
 
 
-def _check_definition(*, name, output_column, prompt, prompt_column, messages_column, system,
-                      model, model_column, warn_failed_rate, error_failed_rate, partitions_def,
+def _check_definition(where: str, *, warn_failed_rate, error_failed_rate, partitions_def,
                       partition_column, backfill_policy) -> None:
-    where = f"build_inference_asset('{name}')"
-    try:
-        validate_identifier(name, "name")
-        validate_identifier(output_column, "output_column")
-        for template in (prompt, system):
-            if template is not None:
-                template_fields(template)
-    except InferenceConfigError as exc:
-        raise dg.DagsterInvalidDefinitionError(f"{where}: {exc}") from None
-    sources = [v for v in (prompt, prompt_column, messages_column) if v is not None]
-    if len(sources) != 1:
-        raise dg.DagsterInvalidDefinitionError(
-            f"{where}: pass exactly one of prompt= (a template such as 'Summarize: {{text}}'), "
-            "prompt_column= or messages_column=."
-        )
-    if model is not None and model_column is not None:
-        raise dg.DagsterInvalidDefinitionError(
-            f"{where}: pass model= or model_column=, not both (or neither, to use the "
-            "resource's default_model)."
-        )
     if not 0 <= warn_failed_rate <= error_failed_rate <= 1:
         raise dg.DagsterInvalidDefinitionError(
             f"{where}: need 0 <= warn_failed_rate <= error_failed_rate <= 1, got "
@@ -252,9 +216,9 @@ def _expand_fields(df: Any, output_column: str, fields: list[str]) -> Any:
     return out
 
 
-def _describe(prompt, prompt_column, messages_column, model, model_column, output_column) -> str:
-    what = (f"prompt template `{prompt}`" if prompt else
-            f"prompts from column `{prompt_column or messages_column}`")
-    who = f"model `{model}`" if model else (
-        f"per-row models from `{model_column}`" if model_column else "the default model")
-    return f"Batch LLM inference: {what} with {who}, answers in `{output_column}`."
+def _describe(call: InferenceCall) -> str:
+    what = (f"prompt template `{call.prompt}`" if call.prompt else
+            f"prompts from column `{call.prompt_column or call.messages_column}`")
+    who = f"model `{call.model}`" if call.model else (
+        f"per-row models from `{call.model_column}`" if call.model_column else "the default model")
+    return f"Batch LLM inference: {what} with {who}, answers in `{call.output_column}`."

@@ -7,6 +7,7 @@ from typing import Any, Literal
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
+from .core.call import InferenceCall
 from .core.client import InferenceClient
 from .core.results import InferenceEstimate, InferenceResult
 from .core.settings import EndpointSpec, InferenceSettings
@@ -262,7 +263,8 @@ class BatchInferenceResource(dg.ConfigurableResource):
             self._client = InferenceClient(self.to_settings(), logger=self._log)
         return self._client
 
-    def infer(self, df: Any, *, context: Any = None, **kwargs: Any) -> InferenceResult:
+    def infer(self, df: Any, call: InferenceCall | None = None, /, *, context: Any = None,
+              **kwargs: Any) -> InferenceResult:
         """Infer one output per row of ``df``; failures are data in ``<output>_error``.
 
         Arguments: ``prompt`` (a template over columns, e.g. ``"Summarize: {text}"``) or
@@ -270,27 +272,29 @@ class BatchInferenceResource(dg.ConfigurableResource):
         ``model_column``; ``output_column``; generation parameters (``max_tokens``,
         ``temperature``, ``top_p``, ``stop``, ``seed`` ...); ``response_format`` (a JSON schema:
         replies are parsed and validated per row); ``token_budget``; ``partition_key``.
-        Pass ``context=`` (an asset context) to record its run id and partition key in the
-        ledger and log through it.
+        These are the fields of :class:`~dagster_batchllm.core.call.InferenceCall`; pass one
+        as ``call`` (the asset factory does) and keywords change it. Pass ``context=`` (an asset
+        context) to record its run id, partition key and asset key in the ledger and log
+        through it.
         """
-        return self.client.infer(df, **_context_kwargs(context, kwargs))
+        return self.client.infer(df, call, **_context_kwargs(context, call, kwargs))
 
-    async def ainfer(self, df: Any, *, context: Any = None, **kwargs: Any) -> InferenceResult:
-        return await self.client.ainfer(df, **_context_kwargs(context, kwargs))
+    async def ainfer(self, df: Any, call: InferenceCall | None = None, /, *, context: Any = None,
+                     **kwargs: Any) -> InferenceResult:
+        return await self.client.ainfer(df, call, **_context_kwargs(context, call, kwargs))
 
-    def estimate(self, df: Any, **kwargs: Any) -> InferenceEstimate:
+    def estimate(self, df: Any, call: InferenceCall | None = None, /, *, context: Any = None,
+                 **kwargs: Any) -> InferenceEstimate:
         """A dry run with the same arguments as :meth:`infer`: counts, tokens and cost."""
-        kwargs.pop("output_column", None)
-        kwargs.pop("token_budget", None)
-        kwargs.pop("context", None)
-        return self.client.estimate(df, **kwargs)
+        return self.client.estimate(df, call, **kwargs)
 
     @property
     def ledger(self):
         return self.client.ledger
 
 
-def _context_kwargs(context: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _context_kwargs(context: Any, call: InferenceCall | None,
+                    kwargs: dict[str, Any]) -> dict[str, Any]:
     if context is None:
         return kwargs
     merged = dict(kwargs)
@@ -298,8 +302,10 @@ def _context_kwargs(context: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     run = getattr(context, "run", None)
     merged.setdefault("run_id", getattr(run, "run_id", None))
     merged.setdefault("logger", getattr(context, "log", None))
-    if "partition_key" not in merged and getattr(context, "has_partition_key", False):
+    if ("partition_key" not in merged and not (call and call.partition_key)
+            and getattr(context, "has_partition_key", False)):
         merged["partition_key"] = context.partition_key
-    if "scope" not in merged and getattr(context, "has_assets_def", False):
+    if ("scope" not in merged and not (call and call.scope)
+            and getattr(context, "has_assets_def", False)):
         merged["scope"] = context.asset_key.to_user_string()
     return merged

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any
 
+from ..core.call import GENERATION_PARAMS, normalize_response_format
 from ..core.errors import InferenceConfigError, RowError
-from ..core.prompts import GENERATION_PARAMS, normalize_response_format
 from .schemas import to_json_schema, type_from_schema
 from .types import STRING, SQLType, parse_type, struct
 

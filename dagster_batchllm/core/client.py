@@ -12,11 +12,12 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from .call import InferenceCall
 from .engine import InferenceRun, estimate_cost
 from .errors import InferenceConfigError, RowError
-from .ledger import Ledger, validate_identifier
+from .ledger import Ledger
 from .pool import EndpointPool
-from .prompts import build_prompt_spec, iter_row_requests, row_tuples
+from .prompts import iter_row_requests, row_tuples
 from .results import InferenceEstimate, InferenceResult
 from .settings import InferenceSettings
 
@@ -71,100 +72,67 @@ class InferenceClient:
         self.close()
 
     # -- the calls ---------------------------------------------------------------------------
-    def infer(self, df: Any, **kwargs: Any) -> InferenceResult:
-        """Sync door to :meth:`ainfer`; see ``BatchInferenceResource.infer`` for the arguments."""
-        return run_sync(self.ainfer(df, **kwargs))
+    def infer(self, df: Any, call: InferenceCall | None = None, /, **kwargs: Any
+              ) -> InferenceResult:
+        """Sync door to :meth:`ainfer`."""
+        return run_sync(self.ainfer(df, call, **kwargs))
 
     async def ainfer(
         self,
         df: Any,
+        call: InferenceCall | None = None,
+        /,
         *,
-        prompt: str | None = None,
-        prompt_column: str | None = None,
-        messages_column: str | None = None,
-        system: str | None = None,
-        model: str | None = None,
-        model_column: str | None = None,
-        output_column: str = "output",
-        error_column: str | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        response_format: Any = None,
-        token_budget: int | None = None,
-        partition_key: str | None = None,
         run_id: str | None = None,
-        scope: str | None = None,
         supersede_stale: bool = False,
         logger: Any = None,
-        **params: Any,
+        **call_fields: Any,
     ) -> InferenceResult:
+        """One output per row of ``df``; failures are data in the error column.
+
+        ``call`` (an :class:`InferenceCall`) says what to send; ``call_fields`` are its fields
+        (``prompt=``, ``model=``, ``output_column=``, ``max_tokens=``, ...; other names are
+        generation parameters such as ``top_p=``), set on top of ``call`` or on their own.
+        ``supersede_stale``: this call covers its whole partition, so the partition's records of
+        requests it no longer asks for are retired.
+        """
         import pandas as pd
 
         if not isinstance(df, pd.DataFrame):
             raise InferenceConfigError(f"infer() takes a pandas DataFrame, got {type(df).__name__}")
-        error_column = error_column or f"{output_column}_error"
-        for name in (output_column, error_column):
-            validate_identifier(name, "output column")
+        call = self._bind(df, call, call_fields)
+        for name in (call.output_column, call.error_column):
             if name in df.columns:
                 raise InferenceConfigError(
                     f"The input already has a column '{name}'; choose another output_column."
                 )
-        spec = build_prompt_spec(
-            prompt=prompt, prompt_column=prompt_column, messages_column=messages_column,
-            system=system, model=model or self._default_model(model_column),
-            model_column=model_column,
-            params=_generation_params(max_tokens, temperature, params),
-            response_format=response_format, columns=list(df.columns),
-            served_models=self.settings.models,
-        )
-        budget = token_budget if token_budget is not None else self.settings.token_budget
+        budget = call.token_budget if call.token_budget is not None else self.settings.token_budget
         run = InferenceRun(
-            self.settings, spec, df[spec.input_columns()],
+            self.settings, call, df[call.input_columns()],
             pool=self.pool, ledger=self.ledger, token_budget=budget,
-            partition_key=partition_key, run_id=run_id, scope=scope, logger=logger or self.log,
-            collect_keys=bool(supersede_stale and partition_key),
+            partition_key=call.partition_key, run_id=run_id, scope=call.scope,
+            logger=logger or self.log,
+            collect_keys=bool(supersede_stale and call.partition_key),
         )
         stats = await run.run()
-        if supersede_stale and partition_key:
-            await asyncio.to_thread(self.ledger.mark_superseded, partition_key, run.keys,
-                                    scope or "")
+        if supersede_stale and call.partition_key:
+            await asyncio.to_thread(self.ledger.mark_superseded, call.partition_key, run.keys,
+                                    call.scope)
         out = df.copy(deep=False)
-        out[output_column] = pd.Series(run.outputs, index=df.index, dtype=object)
-        out[error_column] = pd.Series(run.errors, index=df.index, dtype=object)
+        out[call.output_column] = pd.Series(run.outputs, index=df.index, dtype=object)
+        out[call.error_column] = pd.Series(run.errors, index=df.index, dtype=object)
         (logger or self.log).info(f"batchllm: {stats.summary()}")
-        return InferenceResult(df=out, stats=stats, output_column=output_column,
-                               error_column=error_column)
+        return InferenceResult(df=out, stats=stats, output_column=call.output_column,
+                               error_column=call.error_column)
 
-    def estimate(
-        self,
-        df: Any,
-        *,
-        prompt: str | None = None,
-        prompt_column: str | None = None,
-        messages_column: str | None = None,
-        system: str | None = None,
-        model: str | None = None,
-        model_column: str | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        response_format: Any = None,
-        partition_key: str | None = None,
-        scope: str | None = None,
-        **params: Any,
-    ) -> InferenceEstimate:
+    def estimate(self, df: Any, call: InferenceCall | None = None, /,
+                 **call_fields: Any) -> InferenceEstimate:
         """A dry run of ``infer`` with the same arguments: nothing is sent."""
-        spec = build_prompt_spec(
-            prompt=prompt, prompt_column=prompt_column, messages_column=messages_column,
-            system=system, model=model or self._default_model(model_column),
-            model_column=model_column,
-            params=_generation_params(max_tokens, temperature, params),
-            response_format=response_format, columns=list(df.columns),
-            served_models=self.settings.models,
-        )
-        rows = row_tuples(df[spec.input_columns()])
+        call = self._bind(df, call, call_fields)
+        rows = row_tuples(df[call.input_columns()])
         distinct: dict[str, Any] = {}
         invalid = duplicates = 0
-        for item in iter_row_requests(rows, spec,
+        for item in iter_row_requests(rows, call,
                                       default_max_tokens=self.settings.default_max_tokens):
             if isinstance(item, RowError) or not self.pool.serves(item.model):
                 invalid += 1
@@ -172,7 +140,7 @@ class InferenceClient:
                 duplicates += 1
             else:
                 distinct[item.key] = item
-        hits = self.ledger.lookup_ok(list(distinct), partition_key or "", scope or "")
+        hits = self.ledger.lookup_ok(list(distinct), call.partition_key, call.scope)
         answered = 0
         tokens_by_model: dict[str, dict[str, int]] = {}
         for key, item in distinct.items():
@@ -195,25 +163,10 @@ class InferenceClient:
             estimated_cost_usd=estimate_cost(self.settings, tokens_by_model),
         )
 
-    def _default_model(self, model_column: str | None) -> str | None:
-        if model_column is not None:
-            return None
-        if self.settings.default_model:
-            return self.settings.default_model
-        models = self.settings.models
-        return next(iter(models)) if len(models) == 1 else None
-
-
-def _generation_params(max_tokens: int | None, temperature: float | None,
-                       params: Mapping[str, Any]) -> dict[str, Any]:
-    merged = {k: v for k, v in params.items() if v is not None}
-    if max_tokens is not None:
-        if int(max_tokens) < 1:
-            raise InferenceConfigError("max_tokens must be at least 1.")
-        merged["max_tokens"] = int(max_tokens)
-    if temperature is not None:
-        merged["temperature"] = float(temperature)
-    return merged
+    def _bind(self, df: Any, call: InferenceCall | None,
+              call_fields: Mapping[str, Any]) -> InferenceCall:
+        return InferenceCall.of(call, **call_fields).bind(
+            list(df.columns), self.settings.models, self.settings.model_when_unnamed)
 
 
 def run_sync(coro):

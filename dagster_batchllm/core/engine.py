@@ -18,6 +18,7 @@ import time
 from array import array
 from typing import Any
 
+from .call import InferenceCall
 from .coordination import RunCoordinator
 from .errors import (
     ContextLengthExceededError,
@@ -30,7 +31,7 @@ from .ledger import DEFERRED, FAILED, OK, Ledger
 from .ledger_writer import LedgerUnwritable, LedgerWriter
 from .limits import TokenBudget
 from .pool import EndpointPool
-from .prompts import PromptSpec, RowRequest, iter_row_requests, row_tuples
+from .prompts import RowRequest, iter_row_requests, row_tuples
 from .results import InferenceStats
 from .retries import WaitRetryAfterOrBackoff, is_retryable, retrying
 from .settings import InferenceSettings
@@ -70,7 +71,7 @@ class InferenceRun:
     def __init__(
         self,
         settings: InferenceSettings,
-        spec: PromptSpec,
+        spec: InferenceCall,
         inputs: Any,  # a pandas DataFrame holding exactly spec.input_columns()
         *,
         pool: EndpointPool,

@@ -2,7 +2,8 @@
 
 A request is serialized once, canonically (sorted keys, no whitespace); that byte string is both
 the HTTP body and, hashed, the request key. So the key covers exactly what the server sees:
-model, messages and every generation parameter.
+model, messages and every generation parameter. What to render comes from an
+:class:`~dagster_batchllm.core.call.InferenceCall`.
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import string
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from .errors import InferenceConfigError, InvalidInputError, RowError
+from .call import InferenceCall
+from .errors import InvalidInputError, RowError
 
 # Reservations must never be below what the server will count. Byte-level BPE and SentencePiece
 # with byte fallback emit at most one token per UTF-8 byte, plus a few chat-template tokens per
@@ -25,52 +26,6 @@ _TEMPLATE_TOKENS_PER_MESSAGE = 8
 _TEMPLATE_TOKENS_PER_REQUEST = 8
 # For dry runs and cost estimates: the usual ~4 characters per token of English text.
 _TYPICAL_CHARS_PER_TOKEN = 4
-
-GENERATION_PARAMS = (
-    "max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",
-    "frequency_penalty", "n", "logit_bias", "user",
-)
-
-
-@dataclass(frozen=True)
-class PromptSpec:
-    """How to turn one row into one chat request (validated before anything is sent)."""
-
-    template: str | None = None
-    prompt_column: str | None = None
-    messages_column: str | None = None
-    system: str | None = None
-    model: str | None = None
-    model_column: str | None = None
-    params: Mapping[str, Any] = field(default_factory=dict)
-    response_format: Mapping[str, Any] | None = None
-
-    @property
-    def schema(self) -> Mapping[str, Any] | None:
-        if self.response_format and self.response_format.get("type") == "json_schema":
-            return self.response_format["json_schema"].get("schema")
-        return None
-
-    @property
-    def structured(self) -> bool:
-        return bool(self.response_format) and self.response_format.get("type") != "text"
-
-    def template_fields(self) -> list[str]:
-        return template_fields(self.template) if self.template else []
-
-    def system_fields(self) -> list[str]:
-        # A system template is rendered per row, except over a messages column (which holds
-        # whole conversations).
-        if self.system and self.messages_column is None:
-            return template_fields(self.system)
-        return []
-
-    def input_columns(self) -> list[str]:
-        cols = list(self.template_fields()) + self.system_fields()
-        for col in (self.prompt_column, self.messages_column, self.model_column):
-            if col:
-                cols.append(col)
-        return list(dict.fromkeys(cols))
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,141 +40,6 @@ class RowRequest:
     max_tokens: int
 
 
-def template_fields(template: str) -> list[str]:
-    """The column names a ``str.format`` template refers to, in order, without repeats."""
-    try:
-        parsed = list(string.Formatter().parse(template))
-    except ValueError as exc:
-        raise InferenceConfigError(
-            f"The prompt template is not a valid format string ({exc}). Write columns as "
-            "{column} and literal braces as {{ and }}."
-        ) from exc
-    names = []
-    for _, name, _, _ in parsed:
-        if name is None:
-            continue
-        if name == "" or name.isdigit():
-            raise InferenceConfigError(
-                "The prompt template has a positional field '{}'; name the column instead, "
-                "for example 'Summarize: {transcript}'."
-            )
-        names.append(name.split(".")[0].split("[")[0])
-    return list(dict.fromkeys(names))
-
-
-def build_prompt_spec(
-    *,
-    prompt: str | None,
-    prompt_column: str | None,
-    messages_column: str | None,
-    system: str | None,
-    model: str | None,
-    model_column: str | None,
-    params: Mapping[str, Any],
-    response_format: Any,
-    columns: Sequence[str],
-    served_models: frozenset[str],
-) -> PromptSpec:
-    """Validate the call and freeze it; every mistake here is raised before a request is sent."""
-    given = [n for n, v in (("prompt", prompt), ("prompt_column", prompt_column),
-                            ("messages_column", messages_column)) if v is not None]
-    if len(given) != 1:
-        raise InferenceConfigError(
-            "Pass exactly one of prompt= (a template such as 'Summarize: {text}'), "
-            f"prompt_column= or messages_column=; got {given or 'none'}."
-        )
-    if (model is None) == (model_column is None):
-        raise InferenceConfigError(
-            "Pass exactly one of model= (one model for every row) "
-            "or model_column= (per-row models)."
-        )
-    if model is not None and model not in served_models:
-        raise InferenceConfigError(
-            f"No configured endpoint serves model '{model}'. Served models: "
-            f"{sorted(served_models)}. Add it to an Endpoint's models list or pick one of those."
-        )
-    spec = PromptSpec(
-        template=prompt, prompt_column=prompt_column, messages_column=messages_column,
-        system=system, model=model, model_column=model_column,
-        params=dict(params), response_format=normalize_response_format(response_format),
-    )
-    for text, what in ((prompt, "prompt template"), (system, "system template")):
-        if text is not None:
-            _check_template(text, what)
-    missing = [c for c in spec.input_columns() if c not in columns]
-    if missing:
-        raise InferenceConfigError(
-            f"Column(s) {missing} are not in the input table; available columns: {list(columns)}."
-        )
-    unknown = [k for k in params if k not in GENERATION_PARAMS and not k.startswith("extra_")]
-    if unknown:
-        raise InferenceConfigError(
-            f"Unknown generation parameter(s) {unknown}; supported: {list(GENERATION_PARAMS)}."
-        )
-    return spec
-
-
-def _check_template(template: str, what: str) -> None:
-    """Refuse, before anything is sent, a template that cannot render text cells."""
-    fields = template_fields(template)
-    for _, name, _, _ in string.Formatter().parse(template):
-        if name is not None and ("." in name or "[" in name):
-            raise InferenceConfigError(
-                f"The {what} refers to '{{{name}}}': name plain columns; attribute and index "
-                "access are not supported."
-            )
-    try:
-        template.format_map(dict.fromkeys(fields, "text"))
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-        raise InferenceConfigError(
-            f"The {what} cannot be rendered ({type(exc).__name__}: {exc}). Cells are rendered "
-            "as text, so numeric format specs such as '{price:.2f}' do not apply."
-        ) from None
-
-
-def normalize_response_format(response_format: Any) -> dict[str, Any] | None:
-    """Accept a bare JSON schema, an OpenAI ``response_format`` dict, or a JSON string of either."""
-    if response_format is None:
-        return None
-    if isinstance(response_format, str):
-        try:
-            response_format = json.loads(response_format)
-        except ValueError as exc:
-            raise InferenceConfigError(
-                f"response_format is a string but not JSON ({exc}); pass a JSON schema as a dict."
-            ) from exc
-    if not isinstance(response_format, Mapping):
-        raise InferenceConfigError("response_format must be a JSON schema (a dict) or None.")
-    kind = response_format.get("type")
-    if kind in ("text", "json_object"):
-        return dict(response_format)
-    if kind == "json_schema":
-        inner = response_format.get("json_schema")
-        if not isinstance(inner, Mapping) or not isinstance(inner.get("schema"), Mapping):
-            raise InferenceConfigError(
-                "response_format of type 'json_schema' needs {'json_schema': {'name': ..., "
-                "'schema': {...}}}."
-            )
-        _check_schema(inner["schema"])
-        return {"type": "json_schema", "json_schema": dict(inner)}
-    _check_schema(response_format)
-    return {
-        "type": "json_schema",
-        "json_schema": {"name": "output", "schema": dict(response_format), "strict": True},
-    }
-
-
-def _check_schema(schema: Mapping[str, Any]) -> None:
-    import jsonschema
-
-    try:
-        jsonschema.Draft202012Validator.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise InferenceConfigError(
-            f"response_format is not a valid JSON schema: {exc.message}"
-        ) from None
-
-
 def row_tuples(frame: Any) -> Iterator[tuple]:
     """A DataFrame's rows as plain tuples, in column order. A frame without columns (a template
     that names none) still gives one empty tuple per row, which ``itertuples`` does not."""
@@ -229,14 +49,14 @@ def row_tuples(frame: Any) -> Iterator[tuple]:
 
 
 def iter_row_requests(
-    rows: Iterator[tuple], spec: PromptSpec, *, default_max_tokens: int
+    rows: Iterator[tuple], spec: InferenceCall, *, default_max_tokens: int
 ) -> Iterator[RowRequest | RowError]:
     """Render each row (a tuple in ``spec.input_columns()`` order) into a request or an error."""
     columns = spec.input_columns()
     position = {c: i for i, c in enumerate(columns)}
     fields = spec.template_fields()
     system_fields = spec.system_fields()
-    params = dict(spec.params)
+    params = spec.request_params
     if params.get("max_tokens") is None:
         # Always bound the completion: a budget can only be kept if every reply is bounded.
         params["max_tokens"] = default_max_tokens
@@ -248,8 +68,8 @@ def iter_row_requests(
             if spec.messages_column is not None:
                 messages = _messages_from_cell(row[position[spec.messages_column]])
             else:
-                if spec.template is not None:
-                    text = _render(spec.template, fields, row, position)
+                if spec.prompt is not None:
+                    text = _render(spec.prompt, fields, row, position)
                 else:
                     text = _cell_text(row[position[spec.prompt_column]], spec.prompt_column)
                 messages = [{"role": "user", "content": text}]

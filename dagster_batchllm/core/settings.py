@@ -87,6 +87,14 @@ class InferenceSettings:
     def models(self) -> frozenset[str]:
         return frozenset(m for e in self.endpoints for m in e.models)
 
+    @property
+    def model_when_unnamed(self) -> str | None:
+        """The model a call that names none uses: ``default_model``, else the only one served."""
+        if self.default_model:
+            return self.default_model
+        models = self.models
+        return next(iter(models)) if len(models) == 1 else None
+
     def price_for(self, model: str) -> tuple[float, float] | None:
         """(USD per 1M prompt tokens, USD per 1M completion tokens) for a model, if configured."""
         for name, prompt_price, completion_price in self.model_prices:

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.call import template_fields
 from ..core.errors import InferenceConfigError
-from ..core.prompts import template_fields
 from . import worker
 from .job import RESULT_STRUCT_DDL
 from .session import SparkAI

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
+from ..core.call import InferenceCall
 from ..core.errors import InferenceConfigError
-from ..core.prompts import build_prompt_spec
 from ..core.settings import InferenceSettings
 from .budget import SharedTokenBudget, require_shared_store
 from .job import BudgetRef, SparkJob, endpoint_aliases, generation_params, split_for_slots
@@ -139,12 +139,10 @@ class SparkAI:
         generation = generation_params(max_tokens, temperature, **params)
         # The Spark API takes the system prompt as literal text; infer() reads it as a template.
         literal_system = system.replace("{", "{{").replace("}", "}}") if system else None
-        spec = build_prompt_spec(
-            prompt=None, prompt_column="_prompt", messages_column=None, system=literal_system,
-            model=None, model_column="_model", params=generation,
-            response_format=response_format, columns=["_prompt", "_model"],
-            served_models=self.settings.models,
-        )
+        spec = InferenceCall(
+            prompt_column="_prompt", system=literal_system, model_column="_model",
+            generation_params=generation, response_format=response_format,
+        ).bind(["_prompt", "_model"], self.settings.models, None)
         budget = token_budget if token_budget is not None else self.token_budget
         return SparkJob(
             settings=self.worker_settings,

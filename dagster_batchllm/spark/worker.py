@@ -32,9 +32,10 @@ from typing import Any
 
 import pandas as pd
 
+from ..core.call import InferenceCall
 from ..core.client import InferenceClient
 from ..core.errors import BatchLLMError, RowError
-from ..core.prompts import build_prompt_spec, iter_row_requests, row_tuples
+from ..core.prompts import iter_row_requests, row_tuples
 from ..core.settings import InferenceSettings
 from .budget import SharedTokenBudget
 from .job import ERROR_FIELD, RESULT_FIELD, SparkJob
@@ -181,14 +182,9 @@ def _reservations(client: InferenceClient, frame: pd.DataFrame,
                   kwargs: dict[str, Any]) -> tuple[int, int]:
     """What the engine will reserve for ``frame``: the sum over its distinct requests, and
     the largest single one."""
-    generation = {k: v for k, v in kwargs.items() if k not in _CALL_KEYS and v is not None}
-    spec = build_prompt_spec(
-        prompt=kwargs.get("prompt"), prompt_column=kwargs.get("prompt_column"),
-        messages_column=None, system=kwargs.get("system"), model=kwargs.get("model"),
-        model_column=kwargs.get("model_column"), params=generation,
-        response_format=kwargs.get("response_format"), columns=list(frame.columns),
-        served_models=client.settings.models,
-    )
+    fields = {k: v for k, v in kwargs.items() if k != "run_id"}
+    spec = InferenceCall.of(**fields).bind(list(frame.columns), client.settings.models,
+                                          client.settings.model_when_unnamed)
     rows = row_tuples(frame[spec.input_columns()])
     seen: set[str] = set()
     total = largest = 0
@@ -200,11 +196,6 @@ def _reservations(client: InferenceClient, frame: pd.DataFrame,
         total += item.reserve_tokens
         largest = max(largest, item.reserve_tokens)
     return total, largest
-
-
-_CALL_KEYS = frozenset({"prompt", "prompt_column", "system", "model", "model_column",
-                        "response_format", "partition_key", "scope", "run_id", "output_column",
-                        "error_column"})
 
 
 def _wait_for_tokens(budget: SharedTokenBudget, deadline: float) -> bool:

@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm import BatchInferenceResource, Endpoint, InferenceConfigError
+from dagster_batchllm.core.call import InferenceCall
 from dagster_batchllm.core.client import InferenceClient
-from dagster_batchllm.core.prompts import build_prompt_spec, iter_row_requests
+from dagster_batchllm.core.prompts import iter_row_requests
 from dagster_batchllm.core.transport import openai_http_library
 from dagster_batchllm.simulator.state import tokens
 from dagster_batchllm.testing import SimulatedEndpoint
@@ -228,10 +229,8 @@ def test_a_second_call_is_answered_from_the_ledger_without_requests(sim, make_cl
 
 
 def _expected_prompt_tokens(df, template, max_tokens, settings):
-    spec = build_prompt_spec(prompt=template, prompt_column=None, messages_column=None,
-                             system=None, model=MODEL, model_column=None,
-                             params={"max_tokens": max_tokens}, response_format=None,
-                             columns=list(df.columns), served_models=settings.models)
+    spec = InferenceCall(prompt=template, model=MODEL, max_tokens=max_tokens).bind(
+        list(df.columns), settings.models, None)
     requests = list(iter_row_requests(df.itertuples(index=False, name=None), spec,
                                       default_max_tokens=settings.default_max_tokens))
     return {r.key: r.typical_prompt_tokens for r in requests}

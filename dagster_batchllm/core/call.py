@@ -1,0 +1,278 @@
+"""``InferenceCall``: one frozen description of the work, checked before a row is read.
+
+The asset factory, ``infer()``, the SQL functions and the Spark tasks all build one of these;
+the fields below are the one list of what a call can say (the Component's YAML attributes are
+derived from it). Everything that can be checked without the data is checked when the call is
+built; :meth:`InferenceCall.bind` checks it against a table and the configured endpoints.
+
+Example::
+
+    >>> call = InferenceCall(prompt="Summarize: {text}", model="llama-70b",
+    ...                      output_column="summary", max_tokens=64)
+    >>> call.input_columns(), call.error_column, call.request_params
+    (['text'], 'summary_error', {'max_tokens': 64})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InferenceConfigError
+from .ledger import validate_identifier
+
+# The OpenAI chat parameters a call may set besides max_tokens and temperature.
+GENERATION_PARAMS = (
+    "max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",
+    "frequency_penalty", "n", "logit_bias", "user",
+)
+
+
+def _field(default: Any, description: str) -> Any:
+    return field(default=default, metadata={"description": description})
+
+
+@dataclass(frozen=True)
+class InferenceCall:
+    """What to send for each row and where the answers go."""
+
+    prompt: str | None = _field(
+        None, "A prompt template over the input's columns, e.g. 'Summarize: {text}' "
+        "(literal braces as {{ and }}).")
+    prompt_column: str | None = _field(None, "A column holding each row's whole prompt.")
+    messages_column: str | None = _field(
+        None, "A column holding each row's chat messages: a list of {role, content} or its JSON.")
+    system: str | None = _field(
+        None, "A system prompt, a template over the input's columns like prompt.")
+    model: str | None = _field(
+        None, "The model for every row; by default the resource's default_model.")
+    model_column: str | None = _field(None, "A column naming each row's model.")
+    output_column: str = _field(
+        "output", "The column that receives the answers (errors go to <column>_error).")
+    error_column: str | None = _field(None, "The error column; by default <output_column>_error.")
+    max_tokens: int | None = _field(
+        None, "Most completion tokens per row; by default the resource's default_max_tokens.")
+    temperature: float | None = _field(None, "Sampling temperature.")
+    generation_params: Mapping[str, Any] = field(
+        default_factory=dict, metadata={"description": "Other OpenAI chat parameters: top_p, "
+                                        "stop, seed, presence_penalty, frequency_penalty, ..."})
+    response_format: Mapping[str, Any] | None = _field(
+        None, "A JSON schema (or an OpenAI response_format): replies are parsed and validated "
+        "per row.")
+    token_budget: int | None = _field(
+        None, "Most tokens this call may spend; rows past it are deferred to a later call.")
+    scope: str = _field("", "The ledger scope of the rows (an asset's key).")
+    partition_key: str = _field("", "The ledger partition of the rows.")
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalized values are set once, here
+        given = [n for n in ("prompt", "prompt_column", "messages_column")
+                 if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise InferenceConfigError(
+                "pass exactly one of prompt= (a template such as 'Summarize: {text}'), "
+                f"prompt_column= or messages_column=; got {given or 'none'}."
+            )
+        if self.model is not None and self.model_column is not None:
+            raise InferenceConfigError(
+                "pass model= or model_column=, not both (or neither, to use the resource's "
+                "default_model)."
+            )
+        validate_identifier(self.output_column, "output column")
+        set_(self, "error_column", self.error_column or f"{self.output_column}_error")
+        validate_identifier(self.error_column, "output column")
+        for text, what in ((self.prompt, "prompt template"), (self.system, "system template")):
+            if text is not None:
+                check_template(text, what)
+        if self.max_tokens is not None:
+            if int(self.max_tokens) < 1:
+                raise InferenceConfigError("max_tokens must be at least 1.")
+            set_(self, "max_tokens", int(self.max_tokens))
+        if self.temperature is not None:
+            set_(self, "temperature", float(self.temperature))
+        params = {k: v for k, v in dict(self.generation_params or {}).items() if v is not None}
+        unknown = [k for k in params if k not in GENERATION_PARAMS and not k.startswith("extra_")]
+        if unknown:
+            raise InferenceConfigError(
+                f"Unknown generation parameter(s) {unknown}; supported: {list(GENERATION_PARAMS)}."
+            )
+        set_(self, "generation_params", params)
+        set_(self, "response_format", normalize_response_format(self.response_format))
+        set_(self, "scope", self.scope or "")
+        set_(self, "partition_key", self.partition_key or "")
+
+    # -- building ------------------------------------------------------------------------------
+    @classmethod
+    def of(cls, call: InferenceCall | None = None, /, **fields: Any) -> InferenceCall:
+        """``call`` with ``fields`` changed, or a new call from ``fields``. Names that are not
+        fields are generation parameters (``top_p=0.9``, ``seed=7``)."""
+        names = _FIELD_NAMES
+        known = {k: v for k, v in fields.items() if k in names}
+        extra = {k: v for k, v in fields.items() if k not in names}
+        if extra:
+            base = known.get("generation_params")
+            if base is None:
+                base = call.generation_params if call is not None else {}
+            known["generation_params"] = {**base, **extra}
+        if call is None:
+            return cls(**known)
+        return dataclasses.replace(call, **known) if known else call
+
+    def bind(self, columns: Sequence[str], served_models: frozenset[str],
+             default_model: str | None) -> InferenceCall:
+        """The call checked against a table's columns and the configured models, with the
+        default model filled in; every mistake raises before a request is sent."""
+        call = self
+        if self.model is None and self.model_column is None:
+            if default_model is None:
+                raise InferenceConfigError(
+                    "Pass exactly one of model= (one model for every row) "
+                    "or model_column= (per-row models)."
+                )
+            call = dataclasses.replace(self, model=default_model)
+        if call.model is not None and call.model not in served_models:
+            raise InferenceConfigError(
+                f"No configured endpoint serves model '{call.model}'. Served models: "
+                f"{sorted(served_models)}. Add it to an Endpoint's models list or pick one of "
+                "those."
+            )
+        missing = [c for c in call.input_columns() if c not in columns]
+        if missing:
+            raise InferenceConfigError(
+                f"Column(s) {missing} are not in the input table; available columns: "
+                f"{list(columns)}."
+            )
+        return call
+
+    # -- what the call implies -------------------------------------------------------------------
+    @property
+    def request_params(self) -> dict[str, Any]:
+        """The generation parameters sent with every request (max_tokens filled in later)."""
+        params = dict(self.generation_params)
+        if self.max_tokens is not None:
+            params["max_tokens"] = self.max_tokens
+        if self.temperature is not None:
+            params["temperature"] = self.temperature
+        return params
+
+    @property
+    def schema(self) -> Mapping[str, Any] | None:
+        if self.response_format and self.response_format.get("type") == "json_schema":
+            return self.response_format["json_schema"].get("schema")
+        return None
+
+    @property
+    def structured(self) -> bool:
+        return bool(self.response_format) and self.response_format.get("type") != "text"
+
+    def template_fields(self) -> list[str]:
+        return template_fields(self.prompt) if self.prompt else []
+
+    def system_fields(self) -> list[str]:
+        # A system template is rendered per row, except over a messages column (which holds
+        # whole conversations).
+        if self.system and self.messages_column is None:
+            return template_fields(self.system)
+        return []
+
+    def input_columns(self) -> list[str]:
+        cols = list(self.template_fields()) + self.system_fields()
+        for col in (self.prompt_column, self.messages_column, self.model_column):
+            if col:
+                cols.append(col)
+        return list(dict.fromkeys(cols))
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(InferenceCall))
+
+
+def literal_template(text: str) -> str:
+    """A template that renders to ``text`` exactly (for system prompts given as plain text)."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def template_fields(template: str) -> list[str]:
+    """The column names a ``str.format`` template refers to, in order, without repeats."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise InferenceConfigError(
+            f"The prompt template is not a valid format string ({exc}). Write columns as "
+            "{column} and literal braces as {{ and }}."
+        ) from exc
+    names = []
+    for _, name, _, _ in parsed:
+        if name is None:
+            continue
+        if name == "" or name.isdigit():
+            raise InferenceConfigError(
+                "The prompt template has a positional field '{}'; name the column instead, "
+                "for example 'Summarize: {transcript}'."
+            )
+        names.append(name.split(".")[0].split("[")[0])
+    return list(dict.fromkeys(names))
+
+
+def check_template(template: str, what: str) -> None:
+    """Refuse, before anything is sent, a template that cannot render text cells."""
+    fields = template_fields(template)
+    for _, name, _, _ in string.Formatter().parse(template):
+        if name is not None and ("." in name or "[" in name):
+            raise InferenceConfigError(
+                f"The {what} refers to '{{{name}}}': name plain columns; attribute and index "
+                "access are not supported."
+            )
+    try:
+        template.format_map(dict.fromkeys(fields, "text"))
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise InferenceConfigError(
+            f"The {what} cannot be rendered ({type(exc).__name__}: {exc}). Cells are rendered "
+            "as text, so numeric format specs such as '{price:.2f}' do not apply."
+        ) from None
+
+
+def normalize_response_format(response_format: Any) -> dict[str, Any] | None:
+    """Accept a bare JSON schema, an OpenAI ``response_format`` dict, or a JSON string of either."""
+    if response_format is None:
+        return None
+    if isinstance(response_format, str):
+        try:
+            response_format = json.loads(response_format)
+        except ValueError as exc:
+            raise InferenceConfigError(
+                f"response_format is a string but not JSON ({exc}); pass a JSON schema as a dict."
+            ) from exc
+    if not isinstance(response_format, Mapping):
+        raise InferenceConfigError("response_format must be a JSON schema (a dict) or None.")
+    kind = response_format.get("type")
+    if kind in ("text", "json_object"):
+        return dict(response_format)
+    if kind == "json_schema":
+        inner = response_format.get("json_schema")
+        if not isinstance(inner, Mapping) or not isinstance(inner.get("schema"), Mapping):
+            raise InferenceConfigError(
+                "response_format of type 'json_schema' needs {'json_schema': {'name': ..., "
+                "'schema': {...}}}."
+            )
+        _check_schema(inner["schema"])
+        return {"type": "json_schema", "json_schema": dict(inner)}
+    _check_schema(response_format)
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": dict(response_format), "strict": True},
+    }
+
+
+def _check_schema(schema: Mapping[str, Any]) -> None:
+    import jsonschema
+
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise InferenceConfigError(
+            f"response_format is not a valid JSON schema: {exc.message}"
+        ) from None
