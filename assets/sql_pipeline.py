@@ -162,7 +162,9 @@ def build_sql_pipeline(sql: str = PIPELINE_SQL, *,
         con = duckdb.connect()
         try:
             con.register(SOURCE_TABLE, raw)
-            with register_ai_functions(con, llm, context=context) as ai:
+            # The AI functions answer the summaries' rows: record them under that asset, so
+            # its retry-partitions sensor finds the failed ones.
+            with register_ai_functions(con, llm, context=context, scope=SUMMARIES_TABLE) as ai:
                 result = ai.execute(sql, {"endpoint": llm.default_model},
                                     dialect=dialect).df()
                 stats = ai.stats

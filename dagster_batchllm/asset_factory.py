@@ -9,6 +9,7 @@ from typing import Any
 import dagster as dg
 
 from .checks import inference_check_results, inference_check_specs
+from .context import read_context
 from .core.call import InferenceCall
 from .core.errors import InferenceConfigError
 from .core.ledger import validate_identifier
@@ -169,9 +170,9 @@ def _asset_key(source: Any) -> dg.AssetKey:
 
 def _split_by_partition(context: dg.AssetExecutionContext, df: Any,
                         partition_column: str | None) -> list[tuple[str | None, Any]]:
-    if not context.has_partition_key_range and not context.has_partition_key:
+    keys = list(read_context(context).partition_keys)
+    if not keys:
         return [(None, df)]
-    keys = list(context.partition_keys)
     if len(keys) == 1:
         return [(keys[0], df)]
     if partition_column is None or partition_column not in df.columns:

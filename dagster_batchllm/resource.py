@@ -7,6 +7,7 @@ from typing import Any, Literal
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
+from .context import read_context
 from .core.call import InferenceCall
 from .core.client import InferenceClient
 from .core.results import InferenceEstimate, InferenceResult
@@ -295,17 +296,16 @@ class BatchInferenceResource(dg.ConfigurableResource):
 
 def _context_kwargs(context: Any, call: InferenceCall | None,
                     kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's keywords with what the context says filled in, where neither the keywords
+    nor the call say it already."""
     if context is None:
         return kwargs
+    seen = read_context(context)
     merged = dict(kwargs)
-    # context.run.run_id: the context's own run_id attribute is deprecated in Dagster 1.13.
-    run = getattr(context, "run", None)
-    merged.setdefault("run_id", getattr(run, "run_id", None))
-    merged.setdefault("logger", getattr(context, "log", None))
-    if ("partition_key" not in merged and not (call and call.partition_key)
-            and getattr(context, "has_partition_key", False)):
-        merged["partition_key"] = context.partition_key
-    if ("scope" not in merged and not (call and call.scope)
-            and getattr(context, "has_assets_def", False)):
-        merged["scope"] = context.asset_key.to_user_string()
+    merged.setdefault("run_id", seen.run_id)
+    merged.setdefault("logger", seen.logger)
+    if "partition_key" not in merged and not (call and call.partition_key) and seen.partition_key:
+        merged["partition_key"] = seen.partition_key
+    if "scope" not in merged and not (call and call.scope) and seen.scope:
+        merged["scope"] = seen.scope
     return merged

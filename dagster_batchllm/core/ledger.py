@@ -13,7 +13,9 @@ one file; PostgreSQL gets native upserts.
 from __future__ import annotations
 
 import importlib.util
+import random
 import re
+import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -109,10 +111,10 @@ def make_engine(url: str) -> sa.Engine:
         # instead of waiting for the busy timeout.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        if not in_memory:
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA busy_timeout=60000")
+        if not in_memory:
+            _use_wal(cursor)
+            cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -120,6 +122,25 @@ def make_engine(url: str) -> sa.Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def _use_wal(cursor: Any, wait_s: float = 60.0) -> None:
+    """Put the SQLite file in WAL mode (persistent, so once per file in practice).
+
+    Switching needs the file to itself and answers "database is locked" at once instead of
+    waiting on the busy timeout, so processes that open a new ledger together (Spark workers)
+    retry it for a while; a file already in WAL mode needs no switch.
+    """
+    give_up = time.monotonic() + wait_s
+    while True:
+        try:
+            if str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > give_up:
+                raise
+            time.sleep(random.uniform(0.02, 0.1))
 
 
 def _ledger_table(name: str) -> sa.Table:

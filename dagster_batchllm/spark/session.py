@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
+from ..context import read_context
 from ..core.call import InferenceCall
 from ..core.errors import InferenceConfigError
 from ..core.settings import InferenceSettings
@@ -39,18 +40,6 @@ def as_settings(resource_or_settings: Any) -> InferenceSettings:
         "Pass a BatchInferenceResource or an InferenceSettings, got "
         f"{type(resource_or_settings).__name__}."
     )
-
-
-def _from_context(context: Any) -> dict[str, Any]:
-    """Partition key, run id and scope (the asset key) of a Dagster asset context, if given."""
-    if context is None:
-        return {}
-    found: dict[str, Any] = {"run_id": getattr(getattr(context, "run", None), "run_id", None)}
-    if getattr(context, "has_partition_key", False):
-        found["partition_key"] = context.partition_key
-    if getattr(context, "has_assets_def", False):
-        found["scope"] = context.asset_key.to_user_string()
-    return found
 
 
 def default_task_slots(spark: Any) -> int:
@@ -96,11 +85,10 @@ class SparkAI:
             raise InferenceConfigError(f"limits must be 'split' or 'shared', got {limits!r}.")
         self.token_budget = token_budget if token_budget is not None \
             else self.settings.token_budget
-        recorded = _from_context(context)
-        self.partition_key = partition_key if partition_key is not None \
-            else recorded.get("partition_key")
-        self.run_id = run_id if run_id is not None else recorded.get("run_id")
-        self.scope = scope if scope is not None else recorded.get("scope")
+        seen = read_context(context)
+        self.partition_key = partition_key if partition_key is not None else seen.partition_key
+        self.run_id = run_id if run_id is not None else seen.run_id
+        self.scope = scope if scope is not None else seen.scope
         self.budget_wait_s = budget_wait_s
         self.aliases = endpoint_aliases(self.settings)
         self.budgets: list[BudgetRef] = []  # every budget created, newest last

@@ -17,6 +17,7 @@ import threading
 import weakref
 from typing import Any
 
+from ..context import read_context
 from ..core.client import InferenceClient
 from ..core.errors import InferenceConfigError
 from ..core.results import InferenceStats
@@ -88,6 +89,7 @@ def register_ai_functions(
     context: Any = None,
     partition_key: str | None = None,
     run_id: str | None = None,
+    scope: str | None = None,
 ) -> AIFunctions:
     """Install ``ai_query`` and the AI functions on a DuckDB or SQLite connection.
 
@@ -95,8 +97,9 @@ def register_ai_functions(
     connection / raw connection over sqlite3. ``llm``: a ``BatchInferenceResource``, an
     ``InferenceClient`` or ``InferenceSettings``. ``default_model`` is what the AI functions use
     without an ``endpoint`` argument (default: the resource's ``default_model``). ``context`` (a
-    Dagster asset context) records its run id and partition key in the ledger, as
-    ``llm.infer(context=...)`` does; ``partition_key`` / ``run_id`` set them directly.
+    Dagster asset context) records its run id, partition key and asset key (the ledger scope) in
+    the ledger, as ``llm.infer(context=...)`` does, so the retry-partitions sensor finds the
+    asset's failed rows; ``partition_key`` / ``run_id`` / ``scope`` set them directly.
 
     Registering again on the same connection replaces the functions.
     """
@@ -105,15 +108,17 @@ def register_ai_functions(
         raise InferenceConfigError(
             f"register_ai_functions: argument 'default_model' names '{default_model}', which no "
             f"configured endpoint serves; served models: {sorted(client.settings.models)}.")
-    logger = None
-    if context is not None:
-        run = getattr(context, "run", None)  # context.run_id is deprecated in Dagster 1.13
-        run_id = run_id or getattr(run, "run_id", None) or getattr(context, "run_id", None)
-        logger = getattr(context, "log", None)
-        if partition_key is None and getattr(context, "has_partition_key", False):
-            partition_key = context.partition_key
-    runtime = Runtime(client, default_model=default_model, partition_key=partition_key,
-                      run_id=run_id, logger=logger, owns_client=owned)
+    seen = read_context(context)
+    if scope is None and seen.scope is None and len(seen.asset_keys) > 1:
+        raise InferenceConfigError(
+            "register_ai_functions: this op materializes several assets "
+            f"({', '.join(seen.asset_keys)}); pass scope= naming the one whose rows the AI "
+            "functions answer, so its retry-partitions sensor finds their failures.")
+    runtime = Runtime(client, default_model=default_model,
+                      partition_key=partition_key if partition_key is not None
+                      else seen.partition_key,
+                      run_id=run_id or seen.run_id, logger=seen.logger,
+                      scope=scope if scope is not None else seen.scope, owns_client=owned)
     engine_connection, engine = _engine_for(connection, runtime)
     engine.install()
     handle = AIFunctions(connection, engine, runtime)

@@ -44,12 +44,13 @@ class Runtime:
 
     def __init__(self, client: Any, *, default_model: str | None = None,
                  partition_key: str | None = None, run_id: str | None = None,
-                 logger: Any = None, owns_client: bool = False):
+                 logger: Any = None, scope: str | None = None, owns_client: bool = False):
         self.client = client
         self.default_model = default_model or client.settings.default_model
         self.partition_key = partition_key
         self.run_id = run_id
         self.logger = logger
+        self.scope = scope
         self._owns_client = owns_client
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -156,7 +157,7 @@ class Runtime:
         result = await self.client.ainfer(
             frame, prompt_column="prompt", output_column="output", error_column="error",
             response_format=call.response_format, partition_key=self.partition_key,
-            run_id=self.run_id, logger=self.logger, **kwargs)
+            scope=self.scope, run_id=self.run_id, logger=self.logger, **kwargs)
         self._add(result.stats)
         return list(zip(result.df["output"].tolist(), result.df["error"].tolist(),
                         strict=True))

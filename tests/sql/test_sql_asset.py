@@ -140,3 +140,44 @@ def test_failed_rows_are_data_not_a_failed_partition(sim, resources, tmp_path):
     errors = summaries["summary_error"].dropna()
     assert len(errors) == 1 and errors.iloc[0].startswith("server_error: HTTP 500")
     assert _metadata(result, SUMMARIES_TABLE)["batchllm/rows_failed"] == 1
+
+
+def test_retry_sensor_finds_the_failed_rows_of_the_sql_defined_asset(sim, resources, tmp_path):
+    """The AI functions record their rows under the summaries' asset key (not an empty scope),
+    so the retry-partitions sensor built for that asset requests the partition again."""
+    from dagster_batchllm.sensors import build_retry_partitions_sensor
+
+    resources["llm"] = llm = _llm(sim, tmp_path, max_attempts=1)
+    sim.script(400)  # one row fails for good
+    instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
+    assert dg.materialize(sql_assets, partition_key=DAY, resources=resources,
+                          instance=instance).success
+    assert llm.ledger.partitions_needing_retry(scope=SUMMARIES_TABLE) == {
+        DAY: {"failed": 1, "deferred": 0}}
+    assert llm.ledger.partitions_needing_retry(scope="") == {}
+
+    (pipeline,) = sql_assets
+    spec = pipeline.specs_by_key[dg.AssetKey(SUMMARIES_TABLE)]
+    sensor = build_retry_partitions_sensor(spec, resource=llm, base_delay_s=0)
+    result = sensor(dg.build_sensor_context(instance=instance))
+    assert [r.partition_key for r in result.run_requests] == [DAY]
+    instance.dispose()
+
+
+def test_several_assets_need_a_scope_for_their_ai_functions(sim, resources):
+    """A multi-asset op that registers the AI functions without naming their asset is told to,
+    before any request: otherwise its failed rows would be invisible to the retry sensor."""
+    import duckdb
+
+    from dagster_batchllm.sql import register_ai_functions
+
+    @dg.multi_asset(specs=[dg.AssetSpec("first"), dg.AssetSpec("second")],
+                    required_resource_keys={"llm"})
+    def two_tables(context):
+        with pytest.raises(Exception, match="pass scope= naming the one"):
+            register_ai_functions(duckdb.connect(), context.resources.llm, context=context)
+        yield dg.MaterializeResult(asset_key="first")
+        yield dg.MaterializeResult(asset_key="second")
+
+    assert dg.materialize([two_tables], resources={"llm": resources["llm"]}).success
+    assert sim.stats(log=False)["requests"] == 0
