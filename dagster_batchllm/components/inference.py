@@ -1,15 +1,21 @@
 """``BatchInferenceComponent``: declare an inference asset in ``defs.yaml``.
 
 It resolves its attributes from YAML and calls :func:`build_inference_asset`, so an asset built
-from YAML is the same asset as one built in Python (partitions, metadata, checks and all).
+from YAML is the same asset as one built in Python (partitions, metadata, checks and all). What
+the YAML can say comes from where each concept lives: the call's attributes are the fields of
+:class:`~dagster_batchllm.core.call.InferenceCall`, ``asset_attributes`` are Dagster's own, and
+``resource`` is the resource's fields.
 """
 
-
+import dataclasses
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import dagster as dg
 from dagster.components.resolved.core_models import (
+    AssetsDefUpdateKwargs,
     DailyPartitionsDefinitionModel,
     HourlyPartitionsDefinitionModel,
     MultiRunBackfillPolicyModel,
@@ -17,16 +23,82 @@ from dagster.components.resolved.core_models import (
     StaticPartitionsDefinitionModel,
     TimeWindowPartitionsDefinitionModel,
     WeeklyPartitionsDefinitionModel,
+    resolve_assets_def_update_kwargs_to_mapping,
     resolve_backfill_policy,
     resolve_partitions_def,
 )
 
 from ..asset_factory import build_inference_asset
+from ..core.call import InferenceCall
+from ..core.settings import DEFAULT_LEDGER_TABLE
 from ..sensors.retry_partitions import build_retry_partitions_sensor
+from .resource_attributes import ResolvedResource
+
+# InferenceCall's fields that each run sets (the asset's key, the run's partition), not YAML.
+SET_PER_RUN = frozenset({"scope", "partition_key"})
+# The call's attributes, in InferenceCall's order.
+CALL_FIELDS = tuple(f for f in dataclasses.fields(InferenceCall) if f.name not in SET_PER_RUN)
+# Attributes that cannot have their field's name (Resolvable owns a model() classmethod); the
+# YAML still says `model:`.
+ATTRIBUTE_NAMES = {"model": "model_name"}
 
 
-def _as_is(_context: dg.ResolutionContext, value: Any) -> Any:
-    return value
+def _as_resolved(_context: dg.ResolutionContext, value: Any) -> Any:
+    return value  # the Resolver rendered a template in it already (inject_before_resolve)
+
+
+def _call_attribute(call_field: dataclasses.Field, hint: Any) -> tuple[str, Any, Any]:
+    """The component attribute for a field of InferenceCall: name, annotation, default."""
+    description = call_field.metadata["description"]
+    attribute = ATTRIBUTE_NAMES.get(call_field.name, call_field.name)
+    if attribute == call_field.name:
+        resolver = dg.Resolver.default(description=description)
+    else:
+        # Not Resolver.default: Dagster 1.13 drops model_field_name from default resolvers of
+        # optionals.
+        resolver = dg.Resolver(_as_resolved, model_field_name=call_field.name,
+                               model_field_type=hint, description=description)
+    default = (call_field.default if call_field.default is not dataclasses.MISSING
+               else dataclasses.field(default_factory=call_field.default_factory))
+    return attribute, Annotated[hint, resolver], default
+
+
+def _with_call_attributes(cls: type) -> type:
+    """Give ``cls`` (before ``@dataclass``) one attribute per field in ``CALL_FIELDS``, with the
+    field's type, default and description, after its required attributes (so the schema reads
+    name, source, prompt, ...)."""
+    hints = typing.get_type_hints(InferenceCall)
+    own = dict(cls.__annotations__)
+    required = {name: own.pop(name) for name in list(own) if name not in vars(cls)}
+    added = {}
+    for call_field in CALL_FIELDS:
+        attribute, annotation, default = _call_attribute(call_field, hints[call_field.name])
+        added[attribute] = annotation
+        setattr(cls, attribute, default)
+    cls.__annotations__ = {**required, **added, **own}
+    return cls
+
+
+def _resolve_asset_attributes(context: dg.ResolutionContext,
+                              model: Any) -> Mapping[str, Any] | None:
+    if model is None:
+        return None
+    # Only the attributes the YAML sets, so the factory's defaults (kinds, description) stay.
+    attributes = dict(resolve_assets_def_update_kwargs_to_mapping(context, model))
+    if "code_version" in attributes:  # templating reads code_version: "3" as the number 3
+        attributes["code_version"] = str(attributes["code_version"])
+    return attributes
+
+
+ResolvedAssetAttributes = Annotated[
+    Mapping[str, Any] | None,
+    dg.Resolver(
+        _resolve_asset_attributes,
+        model_field_type=AssetsDefUpdateKwargs.model() | None,
+        description="Dagster's asset attributes: group_name, description, kinds, tags, owners, "
+        "metadata, deps, code_version, automation_condition, freshness_policy.",
+    ),
+]
 
 
 ResolvedPartitionsDefinition = Annotated[
@@ -58,11 +130,14 @@ class RetryPartitionsSensorArgs(dg.Resolvable):
     """The retry-partitions sensor of a ``BatchInferenceComponent`` (see
     :func:`build_retry_partitions_sensor`)."""
 
-    store_url: Annotated[str, dg.Resolver.default(
+    store_url: Annotated[str | None, dg.Resolver.default(
         description="SQLAlchemy URL of the ledger the resource writes (its store_url), e.g. "
-        "\"{{ env.BATCHLLM_STORE_URL }}\".",
-    )]
-    ledger_table: str = "batchllm_requests"
+        "\"{{ env.BATCHLLM_STORE_URL }}\"; by default the component's resource's.",
+    )] = None
+    ledger_table: Annotated[str | None, dg.Resolver.default(
+        description="The ledger table; by default the component's resource's, else "
+        f"{DEFAULT_LEDGER_TABLE}.",
+    )] = None
     max_rounds: int = 5
     base_delay_s: float = 60.0
     max_delay_s: float = 3600.0
@@ -73,12 +148,18 @@ class RetryPartitionsSensorArgs(dg.Resolvable):
 
 
 @dataclass
+@_with_call_attributes
 class BatchInferenceComponent(dg.Component, dg.Resolvable):
     """Batch LLM inference over an upstream table, declared in YAML.
 
-    The attributes are those of :func:`build_inference_asset`; the endpoints live in the
-    ``BatchInferenceResource`` (under ``resource_key``, ``llm`` by default) that the project's
-    definitions provide.
+    The attributes are those of :func:`build_inference_asset`: the call's (``prompt``,
+    ``system``, ``model``, ``output_column``, ``max_tokens``, ``response_format``,
+    ``generation_params``, ``token_budget``, ... : the fields of
+    :class:`~dagster_batchllm.core.call.InferenceCall`), Dagster's ``asset_attributes``, and the
+    factory's own (partitions, checks, keys). The endpoints live in the
+    ``BatchInferenceResource`` under ``resource_key`` (``llm`` by default): given as
+    ``resource``, the component provides it, so a ``defs.yaml`` alone declares everything;
+    without it, the project's definitions provide it.
 
     Example ``defs.yaml``::
 
@@ -91,10 +172,19 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
           max_tokens: 128
           partitions_def: {type: daily, start_date: "2026-11-01"}
           partition_column: call_date
+          asset_attributes: {group_name: calls, owners: ["team:support"]}
           error_failed_rate: 0.2
-          retry_partitions: {store_url: "{{ env.BATCHLLM_STORE_URL }}", max_rounds: 3}
+          retry_partitions: {max_rounds: 3}
+          resource:
+            endpoints:
+              - name: gpu-a
+                base_url: http://10.0.0.5:8000/v1
+                models: [llama-70b]
+                api_key: {env: GPU_A_API_KEY}
+            default_model: llama-70b
+            store_url: {env: BATCHLLM_STORE_URL}
 
-    and the resource, in the project's ``definitions.py``::
+    or, without ``resource``, the resource in the project's ``definitions.py``::
 
         import dagster as dg
         from dagster_batchllm import BatchInferenceResource, Endpoint
@@ -106,36 +196,19 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
                                     models=["llama-70b"])],
                 default_model="llama-70b", store_url="sqlite:///batchllm.db",
             )})
+
+    (with ``retry_partitions: {store_url: "{{ env.BATCHLLM_STORE_URL }}"}``, as the sensor then
+    has no resource to read the ledger's location from).
     """
 
     name: Annotated[str, dg.Resolver.default(
         description="The asset's name (also the ledger scope of its rows).")]
     # The upstream asset whose table is inferred, e.g. cleaned_transcripts or warehouse/calls.
     source: dg.ResolvedAssetKey
-    output_column: Annotated[str, dg.Resolver.default(
-        description="The column that receives the answers (errors go to <column>_error).")]
-    prompt: Annotated[str | None, dg.Resolver.default(
-        description="A prompt template over the input's columns, e.g. 'Summarize: {text}'.",
-    )] = None
-    prompt_column: str | None = None
-    messages_column: str | None = None
-    system: str | None = None
-    # YAML `model:`; the attribute has another name because Resolvable owns `model()`. Not
-    # Resolver.default: Dagster 1.13 drops model_field_name from default resolvers of optionals.
-    model_name: Annotated[str | None, dg.Resolver(
-        _as_is, model_field_name="model", model_field_type=str | None,
-        description="The model; by default the resource's default_model.")] = None
-    model_column: str | None = None
-    response_format: Annotated[dict[str, Any] | None, dg.Resolver.default(
-        description="A JSON schema (or an OpenAI response_format): replies are parsed and "
-        "validated per row, and each property becomes a column.")] = None
-    expand_fields: bool = True
-    max_tokens: int | None = None
-    temperature: float | None = None
-    generation_params: dict[str, Any] | None = None
-    token_budget: Annotated[int | None, dg.Resolver.default(
-        description="Most tokens one run may spend; rows past it are deferred to a retry.",
-    )] = None
+    # Here _with_call_attributes adds one attribute per field of InferenceCall.
+    expand_fields: Annotated[bool, dg.Resolver.default(
+        description="With a JSON-schema response_format, each property of the reply becomes a "
+        "column.")] = True
     partitions_def: ResolvedPartitionsDefinition = None
     partition_column: Annotated[str | None, dg.Resolver.default(
         description="The input column holding each row's partition key (enables single-run "
@@ -143,11 +216,6 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
     backfill_policy: ResolvedBackfillPolicy = None
     resource_key: str = "llm"
     io_manager_key: str | None = None
-    group_name: str | None = None
-    description: str | None = None
-    kinds: list[str] | None = None
-    tags: dict[str, str] | None = None
-    owners: list[str] | None = None
     pool: Annotated[str | None, dg.Resolver.default(
         description="A Dagster concurrency pool, to cap how many of these steps run at once.",
     )] = None
@@ -156,35 +224,46 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
     error_failed_rate: Annotated[float, dg.Resolver.default(
         description="failed_row_rate check: ERROR above this share of failed rows.")] = 0.10
     preview_rows: int = 5
+    asset_attributes: ResolvedAssetAttributes = None
+    resource: ResolvedResource = None
     retry_partitions: Annotated[RetryPartitionsSensorArgs | None, dg.Resolver.default(
         description="Also build a sensor that re-materializes the partitions with failed or "
         "deferred rows.")] = None
 
+    def call_attributes(self) -> dict[str, Any]:
+        """The call's attributes, by InferenceCall's field names."""
+        return {f.name: getattr(self, ATTRIBUTE_NAMES.get(f.name, f.name)) for f in CALL_FIELDS}
+
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         asset = build_inference_asset(
-            name=self.name, source=self.source, output_column=self.output_column,
-            prompt=self.prompt, prompt_column=self.prompt_column,
-            messages_column=self.messages_column, system=self.system, model=self.model_name,
-            model_column=self.model_column, response_format=self.response_format,
-            expand_fields=self.expand_fields, max_tokens=self.max_tokens,
-            temperature=self.temperature, generation_params=self.generation_params,
-            token_budget=self.token_budget, partitions_def=self.partitions_def,
-            partition_column=self.partition_column, backfill_policy=self.backfill_policy,
-            resource_key=self.resource_key, io_manager_key=self.io_manager_key,
-            group_name=self.group_name, description=self.description,
-            kinds=set(self.kinds) if self.kinds else None, tags=self.tags, owners=self.owners,
-            pool=self.pool, warn_failed_rate=self.warn_failed_rate,
-            error_failed_rate=self.error_failed_rate, preview_rows=self.preview_rows,
+            name=self.name, source=self.source, expand_fields=self.expand_fields,
+            partitions_def=self.partitions_def, partition_column=self.partition_column,
+            backfill_policy=self.backfill_policy, resource_key=self.resource_key,
+            io_manager_key=self.io_manager_key, pool=self.pool,
+            warn_failed_rate=self.warn_failed_rate, error_failed_rate=self.error_failed_rate,
+            preview_rows=self.preview_rows, asset_attributes=self.asset_attributes,
+            **self.call_attributes(),
         )
-        sensors = []
-        if self.retry_partitions is not None:
-            args = self.retry_partitions
-            sensors.append(build_retry_partitions_sensor(
-                asset, store_url=args.store_url, ledger_table=args.ledger_table,
-                max_rounds=args.max_rounds, base_delay_s=args.base_delay_s,
-                max_delay_s=args.max_delay_s,
-                minimum_interval_seconds=args.minimum_interval_seconds,
-                default_status=(dg.DefaultSensorStatus.RUNNING if args.running
-                                else dg.DefaultSensorStatus.STOPPED),
-            ))
-        return dg.Definitions(assets=[asset], sensors=sensors)
+        sensors = [] if self.retry_partitions is None else [self._retry_sensor(asset)]
+        resources = {} if self.resource is None else {self.resource_key: self.resource}
+        return dg.Definitions(assets=[asset], sensors=sensors, resources=resources)
+
+    def _retry_sensor(self, asset: dg.AssetsDefinition) -> dg.SensorDefinition:
+        args = self.retry_partitions
+        store_url = args.store_url
+        if store_url is None:
+            if self.resource is None:
+                raise dg.DagsterInvalidDefinitionError(
+                    f"BatchInferenceComponent '{self.name}': retry_partitions needs store_url "
+                    "(the ledger the resource writes) when the component has no resource."
+                )
+            store_url = self.resource.store_url
+        ledger_table = args.ledger_table or (
+            self.resource.ledger_table if self.resource is not None else DEFAULT_LEDGER_TABLE)
+        return build_retry_partitions_sensor(
+            asset, store_url=store_url, ledger_table=ledger_table, max_rounds=args.max_rounds,
+            base_delay_s=args.base_delay_s, max_delay_s=args.max_delay_s,
+            minimum_interval_seconds=args.minimum_interval_seconds,
+            default_status=(dg.DefaultSensorStatus.RUNNING if args.running
+                            else dg.DefaultSensorStatus.STOPPED),
+        )

@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from .errors import InferenceConfigError
+from .settings import DEFAULT_LEDGER_TABLE
 
 OK, FAILED, DEFERRED, SUPERSEDED = "ok", "failed", "deferred", "superseded"
 STATUSES = (OK, FAILED, DEFERRED, SUPERSEDED)
@@ -173,7 +174,7 @@ def _ledger_table(name: str) -> sa.Table:
 class Ledger:
     """Create with a SQLAlchemy URL; ``None`` keeps an in-memory ledger for one process."""
 
-    def __init__(self, url: str | None, table_name: str = "batchllm_requests"):
+    def __init__(self, url: str | None, table_name: str = DEFAULT_LEDGER_TABLE):
         validate_identifier(table_name, "ledger_table")
         if len(table_name.rpartition(".")[2]) > _MAX_LEDGER_TABLE:
             raise InferenceConfigError(

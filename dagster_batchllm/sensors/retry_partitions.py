@@ -25,6 +25,7 @@ from ..core.ledger import (
     Ledger,
     validate_identifier,
 )
+from ..core.settings import DEFAULT_LEDGER_TABLE
 from .common import (
     RETRY_ROUND_TAG,
     RETRY_TAG,
@@ -60,7 +61,7 @@ def build_retry_partitions_sensor(
     *,
     resource: Any = None,
     store_url: str | None = None,
-    ledger_table: str = "batchllm_requests",
+    ledger_table: str = DEFAULT_LEDGER_TABLE,
     name: str | None = None,
     minimum_interval_seconds: int = 30,
     base_delay_s: float = 60.0,

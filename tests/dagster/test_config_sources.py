@@ -1,0 +1,119 @@
+"""Each setting has one home: the Dagster config classes declare the fields of the plain-data
+specs (names, defaults, descriptions) and convert to them field by field. A field added to one
+side only, or a default or description changed on one side only, fails here."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import get_args
+
+import pytest
+from pydantic_core import PydanticUndefined
+
+from dagster_batchllm.core.settings import DESCRIPTION, EndpointSpec, InferenceSettings
+from dagster_batchllm.managed.start import MANAGED_KINDS, ManagedEndpointSpec
+from dagster_batchllm.resource import (
+    SETTINGS_BUILT_FROM,
+    BatchInferenceResource,
+    Endpoint,
+    ManagedEndpoint,
+    ModelPrice,
+)
+
+# (config class, spec, config fields converted explicitly, spec fields built from them)
+PAIRS = [
+    pytest.param(BatchInferenceResource, InferenceSettings,
+                 {"endpoints", "managed_endpoints", "prices"}, {"endpoints", "model_prices"},
+                 id="resource-settings"),
+    pytest.param(Endpoint, EndpointSpec, set(), set(), id="endpoint"),
+    pytest.param(ManagedEndpoint, ManagedEndpointSpec, set(), set(), id="managed-endpoint"),
+]
+
+
+def _spec_default(spec_field: dataclasses.Field):
+    if spec_field.default is not dataclasses.MISSING:
+        return spec_field.default
+    if spec_field.default_factory is not dataclasses.MISSING:
+        return spec_field.default_factory()
+    return PydanticUndefined  # required, as a pydantic field without default says it
+
+
+def _config_default(config_field):
+    if config_field.default_factory is not None:
+        return config_field.default_factory()
+    return config_field.default
+
+
+@pytest.mark.parametrize(("config_class", "spec", "config_only", "spec_only"), PAIRS)
+def test_config_declares_exactly_the_spec_fields(config_class, spec, config_only, spec_only):
+    config_fields = config_class.model_fields
+    spec_fields = {f.name: f for f in dataclasses.fields(spec)}
+    # The known exceptions exist, so this list cannot go stale unnoticed.
+    assert config_only <= set(config_fields) and spec_only <= set(spec_fields)
+    assert set(config_fields) - config_only == set(spec_fields) - spec_only
+
+    for name, spec_field in spec_fields.items():
+        assert spec_field.metadata.get(DESCRIPTION), f"{spec.__name__}.{name}: no description"
+    for name, config_field in config_fields.items():
+        assert config_field.description, f"{config_class.__name__}.{name}: no description"
+    for name in set(spec_fields) - spec_only:
+        config_field, spec_field = config_fields[name], spec_fields[name]
+        where = f"{config_class.__name__}.{name}"
+        assert config_field.description == spec_field.metadata[DESCRIPTION], where
+        assert _config_default(config_field) == _spec_default(spec_field), where
+        assert config_field.repr == spec_field.repr, where  # secrets stay hidden on both
+
+
+def test_settings_exceptions_are_the_ones_to_settings_converts():
+    assert set(SETTINGS_BUILT_FROM) == {"endpoints", "model_prices"}
+    assert {name for sources in SETTINGS_BUILT_FROM.values() for name in sources} == {
+        "endpoints", "managed_endpoints", "prices"}
+
+
+def test_config_choices_are_the_specs_choices():
+    assert get_args(ManagedEndpoint.model_fields["kind"].annotation) == MANAGED_KINDS
+    http_clients = get_args(BatchInferenceResource.model_fields["http_client"].annotation)
+    assert InferenceSettings.__dataclass_fields__["http_client"].default in http_clients
+
+
+def test_to_settings_and_to_spec_copy_every_field(tmp_path):
+    endpoint = Endpoint(name="gpu-a", base_url="http://127.0.0.1:9/v1", models=["m1", "m2"],
+                        max_concurrency=3, api_key="k", tokens_per_minute=100,
+                        requests_per_minute=10, rate_limit_window_s=5.0,
+                        max_context_tokens=2048)
+    assert endpoint.to_spec() == EndpointSpec(
+        name="gpu-a", base_url="http://127.0.0.1:9/v1", models=("m1", "m2"), max_concurrency=3,
+        api_key="k", tokens_per_minute=100, requests_per_minute=10, rate_limit_window_s=5.0,
+        max_context_tokens=2048)
+    managed = ManagedEndpoint(kind="llama-server", name="llm", max_concurrency=2, process=True,
+                              model_path="/m.gguf", model_name="g", context_per_slot=512,
+                              threads=3)
+    assert managed.to_spec() == ManagedEndpointSpec(
+        kind="llama-server", name="llm", max_concurrency=2, process=True,
+        model_path="/m.gguf", model_name="g", context_per_slot=512, threads=3)
+
+    changed = dict(
+        store_url=f"sqlite:///{tmp_path / 'l.db'}", ledger_table="other_table",
+        max_attempts=2, request_timeout_s=7.0, retry_initial_backoff_s=0.1,
+        retry_max_backoff_s=2.0, max_retry_after_s=3.0, breaker_failure_threshold=9,
+        breaker_cooldown_s=4.0, default_max_tokens=64, token_budget=1000, default_model="m1",
+        http_client="openai", coordinate_runs=False, coordination_interval_s=0.125,
+        chunk_rows=10, ledger_flush_rows=3, ledger_flush_interval_s=0.5,
+        progress_interval_s=9.0,
+    )
+    copied_by_name = {f.name for f in dataclasses.fields(InferenceSettings)} - set(
+        SETTINGS_BUILT_FROM)
+    assert set(changed) == copied_by_name  # every copied field is changed, so each is checked
+    defaults = InferenceSettings(endpoints=(endpoint.to_spec(),))
+    assert all(getattr(defaults, name) != value for name, value in changed.items())
+
+    resource = BatchInferenceResource(
+        endpoints=[endpoint],
+        prices=[ModelPrice(model="m1", usd_per_1m_prompt_tokens=1.0,
+                           usd_per_1m_completion_tokens=2.0)],
+        **changed,
+    )
+    settings = resource.to_settings()
+    assert {name: getattr(settings, name) for name in changed} == changed
+    assert settings.endpoints == (endpoint.to_spec(),)
+    assert settings.model_prices == (("m1", 1.0, 2.0),)
