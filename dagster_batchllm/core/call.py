@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import string
 from collections.abc import Mapping, Sequence
@@ -160,6 +161,17 @@ class InferenceCall:
         return params
 
     @property
+    def code_version(self) -> str:
+        """A short hash of everything in the call that goes into request keys (prompt, system,
+        model, generation parameters, response format): when it changes, every row's key
+        changes and a rerun pays for every row again, so Dagster should call the asset stale.
+        Settings of the resource that also reach the request (its default model and
+        max_tokens) are not part of it."""
+        sent = {name: getattr(self, name) for name in _SENT_FIELDS}
+        text = json.dumps(sent, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+    @property
     def schema(self) -> Mapping[str, Any] | None:
         if self.response_format and self.response_format.get("type") == "json_schema":
             return self.response_format["json_schema"].get("schema")
@@ -188,6 +200,9 @@ class InferenceCall:
 
 
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(InferenceCall))
+# The fields that shape what is sent (the others say where answers go and what to spend).
+_SENT_FIELDS = ("prompt", "prompt_column", "messages_column", "system", "model", "model_column",
+                "max_tokens", "temperature", "generation_params", "response_format")
 
 
 def literal_template(text: str) -> str:

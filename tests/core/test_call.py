@@ -1,0 +1,56 @@
+"""``InferenceCall``: built once, checked before a row is read, and versioned by what it sends."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dagster_batchllm.core.call import InferenceCall, literal_template
+from dagster_batchllm.core.errors import InferenceConfigError
+
+BASE = InferenceCall(prompt="Summarize: {text}", model="m", output_column="summary")
+
+
+@pytest.mark.parametrize("change", [
+    {"prompt": "Summarise: {text}"},
+    {"system": "Be brief."},
+    {"model": "other"},
+    {"max_tokens": 64},
+    {"temperature": 0.5},
+    {"generation_params": {"seed": 7}},
+    {"response_format": {"type": "object", "properties": {"a": {"type": "string"}}}},
+])
+def test_code_version_changes_with_everything_that_changes_request_keys(change):
+    assert dataclasses.replace(BASE, **change).code_version != BASE.code_version
+
+
+@pytest.mark.parametrize("change", [
+    {"output_column": "other"}, {"token_budget": 1000}, {"scope": "asset"},
+    {"partition_key": "2026-11-05"},
+])
+def test_code_version_ignores_where_answers_go_and_what_to_spend(change):
+    assert dataclasses.replace(BASE, **change).code_version == BASE.code_version
+
+
+def test_unknown_keywords_are_generation_parameters_and_are_checked():
+    call = InferenceCall.of(BASE, top_p=0.9)
+    assert call.request_params == {"top_p": 0.9}
+    with pytest.raises(InferenceConfigError, match="Unknown generation parameter"):
+        InferenceCall.of(BASE, topp=0.9)
+
+
+def test_bind_fills_the_default_model_and_checks_columns_and_models():
+    call = InferenceCall(prompt="{text}")
+    assert call.bind(["text"], frozenset({"m"}), "m").model == "m"
+    with pytest.raises(InferenceConfigError, match="Pass exactly one of model="):
+        call.bind(["text"], frozenset({"m", "n"}), None)
+    with pytest.raises(InferenceConfigError, match=r"\['text'\] are not in the input"):
+        call.bind(["body"], frozenset({"m"}), "m")
+    with pytest.raises(InferenceConfigError, match="No configured endpoint serves model 'x'"):
+        InferenceCall(prompt="{text}", model="x").bind(["text"], frozenset({"m"}), None)
+
+
+def test_a_literal_template_renders_to_itself():
+    text = "Answer in JSON like {\"label\": ...}"
+    assert literal_template(text).format() == text
