@@ -24,7 +24,12 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any
 
-from ..core.call import GENERATION_PARAMS, normalize_response_format
+from ..core.call import (
+    GENERATION_PARAMS,
+    InferenceCall,
+    literal_template,
+    normalize_response_format,
+)
 from ..core.errors import InferenceConfigError, RowError
 from .schemas import to_json_schema, type_from_schema
 from .types import STRING, SQLType, parse_type, struct
@@ -58,6 +63,15 @@ class BoundCall:
     def sql_type(self) -> SQLType:
         """The type the SQL expression has: the result, or ``result``/``errorMessage``."""
         return self.result_type if self.fail_on_error else result_struct(self.result_type)
+
+    def inference_call(self, base: InferenceCall | None = None, /, **fields: Any
+                       ) -> InferenceCall:
+        """The :class:`InferenceCall` that sends this call's requests: ``base`` (or a call of
+        ``fields``) with this call's system prompt (literal text, not a template), response
+        format and generation parameters (on top of the base's)."""
+        system = literal_template(self.system) if self.system is not None else None
+        return InferenceCall.of(base, system=system, response_format=self.response_format,
+                                **fields, **self.params)
 
 
 def result_struct(result_type: SQLType) -> SQLType:

@@ -21,7 +21,12 @@ from ..core.errors import BatchLLMError
 
 
 class AIQueryError(BatchLLMError, RuntimeError):
-    """Rows of an AI function call failed while ``failOnError`` was true."""
+    """Rows of an AI function call failed while ``failOnError`` was true.
+
+    The one class for every engine: a DuckDB or SQLite query fails with it, and so does a Spark
+    task (and with it the query), as ``dagster_batchllm.sql.AIQueryError`` and
+    ``dagster_batchllm.spark.AIQueryError`` alike.
+    """
 
 
 def as_json(value: Any) -> str:

@@ -70,12 +70,13 @@ Example::
     ''').where("s.errorMessage IS NULL")
 """
 
+from ..ai_functions.outcomes import AIQueryError
 from .columns import ai_query_col
 from .grouped import infer_grouped
 from .job import RESULT_STRUCT_DDL, BudgetRef, SparkJob, split_for_slots
 from .session import SparkAI
 from .sql import register_ai_functions
-from .worker import AIQueryError, cache_info
+from .worker import cache_info
 
 __all__ = [
     "RESULT_STRUCT_DDL",

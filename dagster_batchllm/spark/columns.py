@@ -21,11 +21,14 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import worker
+from .active import active_ai
 from .job import RESULT_STRUCT_DDL
-from .session import SparkAI
+
+if TYPE_CHECKING:
+    from .session import SparkAI
 
 
 def ai_query_col(model: Any, prompt: Any, *, fail_on_error: bool = True,
@@ -47,7 +50,7 @@ def ai_query_col(model: Any, prompt: Any, *, fail_on_error: bool = True,
     from pyspark.sql import functions as F
     from pyspark.sql.functions import pandas_udf
 
-    ai = ai or SparkAI.active()
+    ai = ai or active_ai()
     if isinstance(model, Column):
         model_col = model
     else:

@@ -41,7 +41,8 @@ from ..ai_functions.catalogue import AI_FUNCTIONS, REQUIRED, AIFunction, read_re
 from ..ai_functions.outcomes import failure
 from ..core.errors import InferenceConfigError
 from . import worker
-from .job import SparkJob
+from .builders import register_builder
+from .job import MODEL_COLUMN, PROMPT_COLUMN, SparkJob
 
 # The Spark type of each function's result; anything not listed is a STRING.
 SPARK_TYPES = {"ai_similarity": "double"}
@@ -52,17 +53,13 @@ def register(spark: Any, ai: Any, job: SparkJob) -> dict[str, Any]:
     """Register the nine AI functions in ``spark``'s SQL; returns name -> builder."""
     from pyspark.sql.functions import pandas_udf
 
-    from .sql import _register_builder
-
-    settings = ai.settings
-    served = sorted(settings.models)
-    default = settings.default_model or (served[0] if len(served) == 1 else None)
+    default = ai.settings.model_when_unnamed
     builders: dict[str, Any] = {}
     for function in AI_FUNCTIONS:
         body = ai_function(job, function.name, default)
         udf = pandas_udf(body, SPARK_TYPES.get(function.name, "string")).asNondeterministic()
         builder = AIFunctionBuilder(ai, function, default, udf._unwrapped._judf)
-        _register_builder(spark, function.name, builder)
+        register_builder(spark, function.name, builder)
         builders[function.name] = builder
     return builders
 
@@ -177,14 +174,11 @@ def run_function(job: SparkJob, name: str, default_model: str | None,
         rows = present.nonzero()[0]
         columns = [t.tolist() for t in texts]
         frame = pd.DataFrame({
-            "model": [models[i] for i in rows],
-            "prompt": [function.render(*(c[i] for c in columns)) for i in rows],
+            MODEL_COLUMN: [models[i] for i in rows],
+            PROMPT_COLUMN: [function.render(*(c[i] for c in columns)) for i in rows],
         })
-        system = call.system.replace("{", "{{").replace("}", "}}") if call.system else None
-        call_job = job.with_call(system=system, response_format=call.response_format,
-                                 generation={**job.generation, **call.params})
-        outputs, errors = worker.answer_frame(call_job, frame, prompt_column="prompt",
-                                              model_column="model")
+        outputs, errors = worker.answer_frame(job.replace(call=call.inference_call(job.call)),
+                                              frame)
         failed: list[str] = []
         for i, output, error in zip(rows, outputs, errors, strict=True):
             value, error = read_result(call, output, error)
@@ -192,8 +186,8 @@ def run_function(job: SparkJob, name: str, default_model: str | None,
                 failed.append(error)
             values[i] = value
         if failed:
-            raise worker.AIQueryError(str(failure(name, failed, len(rows))))
-    worker._count(n)
+            raise failure(name, failed, len(rows))
+    worker.count_batch(n)
     if SPARK_TYPES.get(name) == "double":
         return pd.Series([None if v is None else float(v) for v in values], dtype="float64")
     return pd.Series([worker.as_sql_text(v) for v in values], dtype=object)
@@ -201,10 +195,10 @@ def run_function(job: SparkJob, name: str, default_model: str | None,
 
 def _option(column: Any) -> Any:
     """The call's constant option from its column (an array arrives as a numpy array)."""
-    value = worker._first_value(column)
+    value = worker.first_value(column)
     if hasattr(value, "tolist") and getattr(value, "ndim", 0) > 0:
-        return [worker._plain(v) for v in value.tolist()]
-    return worker._plain(value)
+        return [worker.plain_value(v) for v in value.tolist()]
+    return worker.plain_value(value)
 
 
 def ai_function(job: SparkJob, name: str, default_model: str | None):

@@ -21,13 +21,16 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.call import template_fields
 from ..core.errors import InferenceConfigError
 from . import worker
-from .job import RESULT_STRUCT_DDL
-from .session import SparkAI
+from .active import active_ai
+from .job import RESULT_STRUCT_DDL, ROUTED_MODEL_COLUMN
+
+if TYPE_CHECKING:
+    from .session import SparkAI
 
 _BUCKET = "_batchllm_bucket"
 
@@ -50,7 +53,7 @@ def infer_grouped(df: Any, *, model_column: str, prompt: str | None = None,
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
-    ai = ai or SparkAI.active()
+    ai = ai or active_ai()
     if (prompt is None) == (prompt_column is None):
         raise InferenceConfigError("infer_grouped: pass exactly one of prompt= or prompt_column=.")
     needed = [model_column, *(template_fields(prompt) if prompt else [prompt_column])]
@@ -64,9 +67,11 @@ def infer_grouped(df: Any, *, model_column: str, prompt: str | None = None,
             "another output_column.")
     if buckets_per_model < 1:
         raise InferenceConfigError("infer_grouped: buckets_per_model must be at least 1.")
-    job = ai.job(fail_on_error=fail_on_error, max_tokens=max_tokens, temperature=temperature,
-                 response_format=response_format, system=system, token_budget=token_budget,
-                 partition_key=partition_key, run_id=run_id, scope=scope, **params)
+    job = ai.job(fail_on_error=fail_on_error, prompt=prompt, prompt_column=prompt_column,
+                 model_column=ROUTED_MODEL_COLUMN, max_tokens=max_tokens,
+                 temperature=temperature, response_format=response_format, system=system,
+                 token_budget=token_budget, partition_key=partition_key, run_id=run_id,
+                 scope=scope, **params)
     struct = not fail_on_error
     output_type = StructType.fromDDL(RESULT_STRUCT_DDL) if struct else StringType()
     schema = StructType([*df.schema.fields, StructField(output_column, output_type, True)])
@@ -77,7 +82,6 @@ def infer_grouped(df: Any, *, model_column: str, prompt: str | None = None,
         df = df.withColumn(_BUCKET, F.pmod(F.xxhash64(*inputs), F.lit(buckets_per_model)))
         keys.append(_BUCKET)
         drop = (_BUCKET,)
-    function = worker.group_function(
-        job, model_column=model_column, prompt=prompt, prompt_column=prompt_column,
-        output_column=output_column, struct=struct, drop_columns=drop)
+    function = worker.group_function(job, model_column=model_column, output_column=output_column,
+                                     struct=struct, drop_columns=drop)
     return df.groupBy(*keys).applyInPandas(function, schema=schema)

@@ -2,9 +2,11 @@
 
 A :class:`SparkJob` is built once on the driver and travels to executors inside the pandas UDF's
 closure. It holds the :class:`~dagster_batchllm.core.settings.InferenceSettings` already split
-for one task slot (see :func:`split_for_slots`), the generation parameters of the call and, when
-a token budget is set, a :class:`BudgetRef` to the shared budget row in the ledger database.
-Nothing here imports pyspark or dagster.
+for one task slot (see :func:`split_for_slots`), the call as one
+:class:`~dagster_batchllm.core.call.InferenceCall` (checked on the driver; it reads the columns
+of the frames the executor builds, see :data:`PROMPT_COLUMN`) and, when a token budget is set, a
+:class:`BudgetRef` to the shared budget row in the ledger database. Nothing here imports pyspark
+or dagster.
 
 Example::
 
@@ -25,12 +27,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.call import InferenceCall
 from ..core.errors import InferenceConfigError
 from ..core.settings import InferenceSettings
 
 RESULT_FIELD = "result"
 ERROR_FIELD = "errorMessage"
 RESULT_STRUCT_DDL = f"struct<{RESULT_FIELD}: string, {ERROR_FIELD}: string>"
+
+# The columns of the frames an executor hands to infer(): a scalar UDF's batch becomes
+# (MODEL_COLUMN, PROMPT_COLUMN); a group gets a ROUTED_MODEL_COLUMN next to its own columns. The
+# answers go to OUTPUT_COLUMN and ERROR_COLUMN, named so that no input column is overwritten.
+PROMPT_COLUMN = "prompt"
+MODEL_COLUMN = "model"
+ROUTED_MODEL_COLUMN = "_batchllm_model"
+OUTPUT_COLUMN = "_batchllm_result"
+ERROR_COLUMN = "_batchllm_error"
 
 
 def split_for_slots(settings: InferenceSettings, slots: int) -> InferenceSettings:
@@ -73,37 +85,37 @@ class BudgetRef:
 
 @dataclass(frozen=True)
 class SparkJob:
-    """One Spark-side call: settings for one task slot and the call's fixed arguments."""
+    """One Spark-side call: settings for one task slot, the call, and how failures surface."""
 
     settings: InferenceSettings
-    generation: Mapping[str, Any] = field(default_factory=dict)
-    response_format: Any = None
-    system: str | None = None
+    call: InferenceCall  # over the executor's frames (see PROMPT_COLUMN): see executor_call
     fail_on_error: bool = True
-    partition_key: str | None = None
-    scope: str | None = None
     run_id: str | None = None
     budget: BudgetRef | None = None
     # Databricks calls ai_query's first argument an endpoint: an endpoint name that serves a
     # single model stands for that model.
     aliases: Mapping[str, str] = field(default_factory=dict)
 
-    def with_call(self, **changes: Any) -> SparkJob:
+    def replace(self, **changes: Any) -> SparkJob:
         return dataclasses.replace(self, **changes)
+
+    def with_call(self, **fields: Any) -> SparkJob:
+        """The job with ``fields`` of its call changed (other names: generation parameters)."""
+        return self.replace(call=InferenceCall.of(self.call, **fields))
 
     def model_for(self, name: str) -> str:
         return self.aliases.get(name, name)
 
 
-def generation_params(max_tokens: int | None = None, temperature: float | None = None,
-                      **params: Any) -> dict[str, Any]:
-    """The generation parameters to send, without the unset ones."""
-    merged = {k: v for k, v in params.items() if v is not None}
-    if max_tokens is not None:
-        merged["max_tokens"] = int(max_tokens)
-    if temperature is not None:
-        merged["temperature"] = float(temperature)
-    return merged
+def executor_call(*, prompt: str | None = None, prompt_column: str = PROMPT_COLUMN,
+                  model_column: str = MODEL_COLUMN, **fields: Any) -> InferenceCall:
+    """The call as an executor sends it: each row's prompt from ``prompt`` (a template over the
+    frame's columns) or ``prompt_column``, its model from ``model_column``, the answers to
+    :data:`OUTPUT_COLUMN` and :data:`ERROR_COLUMN`; ``fields`` are the other InferenceCall
+    fields and generation parameters. Mistakes raise here, on the driver."""
+    source = {"prompt": prompt} if prompt is not None else {"prompt_column": prompt_column}
+    return InferenceCall.of(**source, model_column=model_column, output_column=OUTPUT_COLUMN,
+                            error_column=ERROR_COLUMN, **fields)
 
 
 def endpoint_aliases(settings: InferenceSettings) -> dict[str, str]:

@@ -15,14 +15,24 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from ..context import read_context
-from ..core.call import InferenceCall
+from ..core.call import literal_template
 from ..core.errors import InferenceConfigError
+from ..core.ledger import Ledger
 from ..core.settings import InferenceSettings
+from . import active, columns, grouped
 from .budget import SharedTokenBudget, require_shared_store
-from .job import BudgetRef, SparkJob, endpoint_aliases, generation_params, split_for_slots
+from .job import (
+    MODEL_COLUMN,
+    PROMPT_COLUMN,
+    BudgetRef,
+    SparkJob,
+    endpoint_aliases,
+    executor_call,
+    split_for_slots,
+)
 
 
 def as_settings(resource_or_settings: Any) -> InferenceSettings:
@@ -61,8 +71,6 @@ class SparkAI:
     object, shared by all its tasks through the ledger database.
     """
 
-    _active: ClassVar[SparkAI | None] = None
-
     def __init__(self, spark: Any, resource_or_settings: Any, *, task_slots: int | None = None,
                  token_budget: int | None = None, partition_key: str | None = None,
                  run_id: str | None = None, scope: str | None = None,
@@ -92,20 +100,17 @@ class SparkAI:
         self.budget_wait_s = budget_wait_s
         self.aliases = endpoint_aliases(self.settings)
         self.budgets: list[BudgetRef] = []  # every budget created, newest last
-        self.sql_builder: Any = None  # set by register_ai_functions
+        # Set by register_ai_functions: Spark's registry holds only py4j proxies of these.
+        self.sql_builder: Any = None
+        self.function_builders: dict[str, Any] = {}
 
     @classmethod
     def active(cls) -> SparkAI:
-        if cls._active is None:
-            raise InferenceConfigError(
-                "No inference settings are registered with Spark: call "
-                "register_ai_functions(spark, llm) first, or pass ai=SparkAI(spark, llm)."
-            )
-        return cls._active
+        """The SparkAI ``register_ai_functions`` activated last."""
+        return active.active_ai()
 
     def activate(self) -> SparkAI:
-        SparkAI._active = self
-        return self
+        return active.activate(self)
 
     # -- models and calls ----------------------------------------------------------------------
     def check_model(self, name: str, where: str = "ai_query") -> str:
@@ -118,29 +123,30 @@ class SparkAI:
             )
         return model
 
-    def job(self, *, fail_on_error: bool, max_tokens: int | None = None,
-            temperature: float | None = None, response_format: Any = None,
-            system: str | None = None, token_budget: int | None = None,
-            partition_key: str | None = None, run_id: str | None = None,
-            scope: str | None = None, **params: Any) -> SparkJob:
-        """A checked :class:`SparkJob` (argument mistakes raise here, on the driver)."""
-        generation = generation_params(max_tokens, temperature, **params)
-        # The Spark API takes the system prompt as literal text; infer() reads it as a template.
-        literal_system = system.replace("{", "{{").replace("}", "}}") if system else None
-        spec = InferenceCall(
-            prompt_column="_prompt", system=literal_system, model_column="_model",
-            generation_params=generation, response_format=response_format,
-        ).bind(["_prompt", "_model"], self.settings.models, None)
+    def job(self, *, fail_on_error: bool, prompt: str | None = None,
+            prompt_column: str = PROMPT_COLUMN, model_column: str = MODEL_COLUMN,
+            max_tokens: int | None = None, temperature: float | None = None,
+            response_format: Any = None, system: str | None = None,
+            token_budget: int | None = None, partition_key: str | None = None,
+            run_id: str | None = None, scope: str | None = None, **params: Any) -> SparkJob:
+        """A checked :class:`SparkJob` (argument mistakes raise here, on the driver).
+
+        By default its call reads a scalar batch's frame (see :func:`~.job.executor_call`);
+        ``prompt`` (a template), ``prompt_column`` and ``model_column`` name a group's columns.
+        """
+        call = executor_call(
+            prompt=prompt, prompt_column=prompt_column, model_column=model_column,
+            # The Spark API takes the system prompt as literal text; infer() reads a template.
+            system=literal_template(system) if system else None,
+            response_format=response_format, max_tokens=max_tokens, temperature=temperature,
+            partition_key=partition_key if partition_key is not None else self.partition_key,
+            scope=scope if scope is not None else self.scope, **params)
         budget = token_budget if token_budget is not None else self.token_budget
         return SparkJob(
             settings=self.worker_settings,
-            generation=generation,
-            response_format=spec.response_format,
-            system=literal_system,
+            call=call,
             fail_on_error=fail_on_error,
-            partition_key=partition_key if partition_key is not None else self.partition_key,
             run_id=run_id if run_id is not None else self.run_id,
-            scope=scope if scope is not None else self.scope,
             budget=self.new_budget(budget) if budget is not None else None,
             aliases=self.aliases,
         )
@@ -161,8 +167,6 @@ class SparkAI:
         ref = ref or (self.budgets[-1] if self.budgets else None)
         if ref is None:
             raise InferenceConfigError("No token budget was created through this SparkAI.")
-        from ..core.ledger import Ledger
-
         ledger = Ledger(ref.store_url, ref.ledger_table)
         try:
             return SharedTokenBudget(ledger.engine, ref.ledger_table, ref.budget_id).snapshot()
@@ -171,11 +175,9 @@ class SparkAI:
 
     # -- the DataFrame API ---------------------------------------------------------------------
     def ai_query_col(self, model: Any, prompt: Any, **kwargs: Any) -> Any:
-        from .columns import ai_query_col
-
-        return ai_query_col(model, prompt, ai=self, **kwargs)
+        """:func:`~.columns.ai_query_col` with these settings."""
+        return columns.ai_query_col(model, prompt, ai=self, **kwargs)
 
     def infer_grouped(self, df: Any, **kwargs: Any) -> Any:
-        from .grouped import infer_grouped
-
-        return infer_grouped(df, ai=self, **kwargs)
+        """:func:`~.grouped.infer_grouped` with these settings."""
+        return grouped.infer_grouped(df, ai=self, **kwargs)

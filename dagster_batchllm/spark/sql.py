@@ -6,8 +6,8 @@ Python UDF has one fixed type, so ``ai_query`` is registered with a function *bu
 calls while it analyses each query: it reads the constant arguments, checks them (an unserved
 model, a non-constant ``failOnError`` or a ``returnType`` other than STRING fail the query before
 any task starts) and hands the call to one of two pandas UDFs, the STRING one or the STRUCT one.
-Spark calls the builder through py4j's callback server, the mechanism PySpark itself uses for
-``foreachBatch``; so this needs a classic SparkSession (not Spark Connect).
+Spark calls the builder through py4j's callback server (see :mod:`.builders`); so this needs a
+classic SparkSession (not Spark Connect).
 
 Both UDFs are nondeterministic to Spark, which keeps the optimizer from evaluating one
 ``ai_query`` twice (for a filter pushed below the projection, say) and sending its rows twice.
@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from ..core.errors import InferenceConfigError
 from . import functions, worker
+from .builders import register_builder
 from .job import RESULT_STRUCT_DDL
 from .session import SparkAI
 
@@ -69,27 +70,13 @@ def register_ai_functions(spark: Any, resource_or_settings: Any, *,
 
     as_text = pandas_udf(worker.sql_function(job, struct=False), "string").asNondeterministic()
     as_struct = pandas_udf(
-        worker.sql_function(job.with_call(fail_on_error=False), struct=True), RESULT_STRUCT_DDL,
+        worker.sql_function(job.replace(fail_on_error=False), struct=True), RESULT_STRUCT_DDL,
     ).asNondeterministic()
     builder = AIQueryBuilder(ai, as_text._unwrapped._judf, as_struct._unwrapped._judf)
-    _register_builder(spark, "ai_query", builder)
+    register_builder(spark, "ai_query", builder)
     ai.sql_builder = builder  # Spark's registry holds only a py4j proxy of it
     ai.function_builders = functions.register(spark, ai, job)  # kept alive for the same reason
     return ai.activate()
-
-
-def _register_builder(spark: Any, name: str, builder: Any) -> None:
-    jsession = getattr(spark, "_jsparkSession", None)
-    if jsession is None:
-        raise InferenceConfigError(
-            "register_ai_functions needs a classic SparkSession (Spark Connect cannot call back "
-            "into Python while it analyses a query); use ai_query_col instead."
-        )
-    from pyspark.java_gateway import ensure_callback_server_started
-
-    ensure_callback_server_started(spark.sparkContext._gateway)
-    jsession.sessionState().functionRegistry().createOrReplaceTempFunction(
-        name, builder, "python_udf")
 
 
 class AIQueryBuilder:

@@ -12,10 +12,10 @@ only sends the rows that have no ``ok`` answer yet.
 Example (what a pandas UDF does with one batch)::
 
     import pandas as pd
-    from dagster_batchllm.spark.job import SparkJob
+    from dagster_batchllm.spark.job import SparkJob, executor_call
     from dagster_batchllm.spark.worker import run_scalar
 
-    job = SparkJob(settings=settings, generation={"max_tokens": 64}, fail_on_error=False)
+    job = SparkJob(settings, executor_call(max_tokens=64), fail_on_error=False)
     out = run_scalar(job, True, pd.Series(["llama-70b"] * 2), pd.Series(["Hi", None]))
     out.columns.tolist()  # ['result', 'errorMessage']; the NULL prompt gives NULL, NULL
 """
@@ -32,25 +32,28 @@ from typing import Any
 
 import pandas as pd
 
+from ..ai_functions.outcomes import AIQueryError
 from ..core.call import InferenceCall
 from ..core.client import InferenceClient
-from ..core.errors import BatchLLMError, RowError
+from ..core.errors import RowError
 from ..core.prompts import iter_row_requests, row_tuples
 from ..core.settings import InferenceSettings
 from .budget import SharedTokenBudget
-from .job import ERROR_FIELD, RESULT_FIELD, SparkJob
+from .job import (
+    ERROR_FIELD,
+    MODEL_COLUMN,
+    PROMPT_COLUMN,
+    RESULT_FIELD,
+    ROUTED_MODEL_COLUMN,
+    SparkJob,
+)
 
-_OUT, _ERR, _MODEL = "_batchllm_result", "_batchllm_error", "_batchllm_model"
 _DEFERRED_PREFIX = "deferred:"
 _POLL_S = 0.1
 
 _CLIENTS: dict[InferenceSettings, InferenceClient] = {}
 _LOCK = threading.Lock()
 _COUNTERS = {"clients_created": 0, "batches": 0, "rows": 0}
-
-
-class AIQueryError(BatchLLMError, RuntimeError):
-    """Rows failed while failOnError was true; the task (and so the query) fails with it."""
 
 
 def client_for(settings: InferenceSettings) -> InferenceClient:
@@ -84,17 +87,16 @@ def run_scalar(job: SparkJob, struct: bool, models: pd.Series, prompts: pd.Serie
     errors: list[str | None] = [None] * n
     if present.any():
         frame = pd.DataFrame({
-            "model": [job.model_for(m) if isinstance(m, str) else m
-                      for m in models[present].tolist()],
-            "prompt": prompts[present].tolist(),
+            MODEL_COLUMN: [job.model_for(m) if isinstance(m, str) else m
+                           for m in models[present].tolist()],
+            PROMPT_COLUMN: prompts[present].tolist(),
         })
-        answered, failed = answer_frame(job, frame, prompt_column="prompt",
-                                        model_column="model")
+        answered, failed = answer_frame(job, frame)
         positions = present.nonzero()[0]
         for pos, out, err in zip(positions, answered, failed, strict=True):
             outputs[pos] = as_sql_text(out)
             errors[pos] = err
-    _count(n)
+    count_batch(n)
     if job.fail_on_error:
         raise_if_failed(errors)
     if struct:
@@ -102,18 +104,20 @@ def run_scalar(job: SparkJob, struct: bool, models: pd.Series, prompts: pd.Serie
     return pd.Series(outputs, dtype=object)
 
 
-def run_group(job: SparkJob, pdf: pd.DataFrame, *, model_column: str, prompt: str | None,
-              prompt_column: str | None, output_column: str, struct: bool,
-              drop_columns: tuple[str, ...] = ()) -> pd.DataFrame:
-    """Answer one ``groupBy(model).applyInPandas`` group: the rows plus ``output_column``."""
+def run_group(job: SparkJob, pdf: pd.DataFrame, *, model_column: str, output_column: str,
+              struct: bool, drop_columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Answer one ``groupBy(model).applyInPandas`` group: the rows plus ``output_column``.
+
+    The job's call reads its prompt from the group's columns and its model from
+    :data:`~.job.ROUTED_MODEL_COLUMN`, the model ``model_column`` names."""
     pdf = pdf.reset_index(drop=True)
     frame = pdf.copy(deep=False)
     # Per-row routing even inside a group: an unserved model is then a row error, not a
     # failed stage, and a group keyed by more than the model still works.
-    frame[_MODEL] = [job.model_for(m) if isinstance(m, str) else m for m in pdf[model_column]]
-    outputs, errors = answer_frame(job, frame, prompt=prompt, prompt_column=prompt_column,
-                                   model_column=_MODEL)
-    _count(len(pdf))
+    frame[ROUTED_MODEL_COLUMN] = [job.model_for(m) if isinstance(m, str) else m
+                                  for m in pdf[model_column]]
+    outputs, errors = answer_frame(job, frame)
+    count_batch(len(pdf))
     if job.fail_on_error:
         raise_if_failed(errors)
     out = pdf.drop(columns=list(drop_columns))
@@ -126,22 +130,18 @@ def run_group(job: SparkJob, pdf: pd.DataFrame, *, model_column: str, prompt: st
     return out
 
 
-def answer_frame(job: SparkJob, frame: pd.DataFrame, **call: Any
-                 ) -> tuple[list[Any], list[str | None]]:
-    """``infer`` over ``frame`` with the job's arguments, within its shared budget if any."""
+def answer_frame(job: SparkJob, frame: pd.DataFrame) -> tuple[list[Any], list[str | None]]:
+    """``infer`` over ``frame`` with the job's call, within its shared budget if any."""
     client = client_for(job.settings)
-    kwargs = dict(call, system=job.system, response_format=job.response_format,
-                  partition_key=job.partition_key, scope=job.scope, run_id=job.run_id,
-                  output_column=_OUT, error_column=_ERR, **job.generation)
     if job.budget is None:
-        result = client.infer(frame, **kwargs)
-        return result.df[_OUT].tolist(), result.df[_ERR].tolist()
-    return _infer_within_budget(client, job, frame, kwargs)
+        result = client.infer(frame, job.call, run_id=job.run_id)
+        return result.df[result.output_column].tolist(), result.df[result.error_column].tolist()
+    return _infer_within_budget(client, job, frame)
 
 
 # -- the shared budget -------------------------------------------------------------------------
-def _infer_within_budget(client: InferenceClient, job: SparkJob, frame: pd.DataFrame,
-                         kwargs: dict[str, Any]) -> tuple[list[Any], list[str | None]]:
+def _infer_within_budget(client: InferenceClient, job: SparkJob, frame: pd.DataFrame
+                         ) -> tuple[list[Any], list[str | None]]:
     """Claim, infer, settle; again for deferred rows while other tasks give tokens back."""
     ref = job.budget
     budget = SharedTokenBudget(client.ledger.engine, ref.ledger_table, ref.budget_id)
@@ -152,14 +152,15 @@ def _infer_within_budget(client: InferenceClient, job: SparkJob, frame: pd.DataF
     deadline = time.monotonic() + ref.wait_s
     while True:
         part = frame.iloc[pending].reset_index(drop=True)
-        wanted, largest = _reservations(client, part, kwargs)
+        wanted, largest = _reservations(client, part, job.call)
         grant = budget.claim(wanted, parts=ref.parts, at_least=largest)
         # Even a zero grant is worth a call: rows already in the ledger are answered for free.
-        result = client.infer(part, token_budget=grant, **kwargs)
+        result = client.infer(part, job.call, token_budget=grant, run_id=job.run_id)
         stats = result.stats
         budget.settle(grant, stats.prompt_tokens + stats.completion_tokens)
         still: list[int] = []
-        for row, out, err in zip(pending, result.df[_OUT], result.df[_ERR], strict=True):
+        for row, out, err in zip(pending, result.df[result.output_column],
+                                 result.df[result.error_column], strict=True):
             outputs[row], errors[row] = out, err
             if isinstance(err, str) and err.startswith(_DEFERRED_PREFIX):
                 still.append(row)
@@ -179,12 +180,11 @@ def _infer_within_budget(client: InferenceClient, job: SparkJob, frame: pd.DataF
 
 
 def _reservations(client: InferenceClient, frame: pd.DataFrame,
-                  kwargs: dict[str, Any]) -> tuple[int, int]:
+                  call: InferenceCall) -> tuple[int, int]:
     """What the engine will reserve for ``frame``: the sum over its distinct requests, and
     the largest single one."""
-    fields = {k: v for k, v in kwargs.items() if k != "run_id"}
-    spec = InferenceCall.of(**fields).bind(list(frame.columns), client.settings.models,
-                                          client.settings.model_when_unnamed)
+    spec = call.bind(list(frame.columns), client.settings.models,
+                     client.settings.model_when_unnamed)
     rows = row_tuples(frame[spec.input_columns()])
     seen: set[str] = set()
     total = largest = 0
@@ -231,20 +231,22 @@ def raise_if_failed(errors: list[str | None]) -> None:
 
 
 def _with_sql_options(job: SparkJob, model_parameters: Any, response_format: Any) -> SparkJob:
+    """The job with the call's ``modelParameters`` on top of its generation parameters and its
+    ``responseFormat``."""
     changes: dict[str, Any] = {}
-    params = _first_value(model_parameters)
+    params = first_value(model_parameters)
     if params is not None:
         if isinstance(params, str):
             params = json.loads(params)
-        changes["generation"] = {**job.generation, **{
-            str(k): _plain(v) for k, v in dict(params).items() if _plain(v) is not None}}
-    fmt = _first_value(response_format)
+        changes.update({str(k): plain_value(v) for k, v in dict(params).items()
+                        if plain_value(v) is not None})
+    fmt = first_value(response_format)
     if fmt is not None:
         changes["response_format"] = fmt
     return job.with_call(**changes) if changes else job
 
 
-def _first_value(arg: Any) -> Any:
+def first_value(arg: Any) -> Any:
     """The call's constant: a struct argument arrives as a frame, the others as a Series."""
     if arg is None or len(arg) == 0:
         return None
@@ -256,7 +258,7 @@ def _first_value(arg: Any) -> Any:
     return None if _is_null(value) else value
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """numpy scalars and SQL decimals (``0.7`` is a DECIMAL literal in Spark) to JSON types."""
     if _is_null(value):
         return None
@@ -276,7 +278,7 @@ def _is_null(value: Any) -> bool:
         return False
 
 
-def _count(rows: int) -> None:
+def count_batch(rows: int) -> None:
     with _LOCK:
         _COUNTERS["batches"] += 1
         _COUNTERS["rows"] += rows
@@ -302,8 +304,8 @@ def column_function(job: SparkJob, struct: bool):
     return ai_query_col
 
 
-def group_function(job: SparkJob, **call: Any):
+def group_function(job: SparkJob, **group: Any):
     def infer_group(pdf):
-        return run_group(job, pdf, **call)
+        return run_group(job, pdf, **group)
 
     return infer_group

@@ -23,7 +23,7 @@ from functools import cache
 from sqlglot import exp
 
 from ..ai_functions.catalogue import FUNCTIONS, REQUIRED, AIFunction
-from .dialects import DIALECT_NAMES as NAMES
+from .dialect_names import DIALECT_NAMES as NAMES
 from .patterns import java_to_re2_pattern, java_to_re2_replacement, like_to_glob
 
 

@@ -43,11 +43,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from ..core.errors import InferenceConfigError
-
-READ_DIALECTS = ("databricks", "spark")
-WRITE_DIALECTS = ("duckdb", "sqlite")
-DIALECT_NAMES = {"databricks": "Databricks", "spark": "Spark", "duckdb": "DuckDB",
-                 "sqlite": "SQLite"}
+from .dialect_names import DIALECT_NAMES, READ_DIALECTS, WRITE_DIALECTS
 
 
 @dataclass(frozen=True)
@@ -83,7 +79,8 @@ def translate(query: str, *, read: str = "databricks", write: str = "duckdb",
     Raises :class:`TranslationError` listing every construct that cannot be translated
     faithfully, with its line; nothing is executed here.
     """
-    # sqlglot is imported on first use: SQL run without a dialect does not pay for it.
+    # sqlglot (and the rules over its syntax tree) are imported on first use: SQL run without
+    # a dialect does not pay for them.
     import sqlglot
     from sqlglot.errors import ParseError, TokenError
 

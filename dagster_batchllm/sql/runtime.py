@@ -46,7 +46,7 @@ class Runtime:
                  partition_key: str | None = None, run_id: str | None = None,
                  logger: Any = None, scope: str | None = None, owns_client: bool = False):
         self.client = client
-        self.default_model = default_model or client.settings.default_model
+        self.default_model = default_model  # else the settings' rule (see model_for)
         self.partition_key = partition_key
         self.run_id = run_id
         self.logger = logger
@@ -66,12 +66,11 @@ class Runtime:
         if endpoint is None:
             if required:
                 raise InferenceConfigError(f"{function}: argument 'endpoint' is NULL.")
-            model = self.default_model or (next(iter(served)) if len(served) == 1 else None)
-            if model is None:
+            endpoint = self.default_model or self.client.settings.model_when_unnamed
+            if endpoint is None:
                 raise InferenceConfigError(
                     f"{function}: no default model; pass the argument 'endpoint' (one of "
                     f"{sorted(served)}) or set default_model.")
-            endpoint = model
         if not isinstance(endpoint, str):
             raise InferenceConfigError(
                 f"{function}: argument 'endpoint' must be a STRING naming a served model, got "
@@ -146,18 +145,12 @@ class Runtime:
 
         frame = pd.DataFrame({"model": [k[1] for k in keys], "prompt": [k[2] for k in keys]})
         models = set(frame["model"])
-        kwargs: dict[str, Any] = dict(call.params)
-        if len(models) == 1:
-            kwargs["model"] = next(iter(models))
-        else:
-            kwargs["model_column"] = "model"
-        if call.system is not None:
-            # infer() reads `system` as a template over columns; ours is literal text.
-            kwargs["system"] = call.system.replace("{", "{{").replace("}", "}}")
-        result = await self.client.ainfer(
-            frame, prompt_column="prompt", output_column="output", error_column="error",
-            response_format=call.response_format, partition_key=self.partition_key,
-            scope=self.scope, run_id=self.run_id, logger=self.logger, **kwargs)
+        route = {"model": next(iter(models))} if len(models) == 1 else {"model_column": "model"}
+        inference_call = call.inference_call(
+            prompt_column="prompt", output_column="output", error_column="error",
+            partition_key=self.partition_key, scope=self.scope, **route)
+        result = await self.client.ainfer(frame, inference_call, run_id=self.run_id,
+                                          logger=self.logger)
         self._add(result.stats)
         return list(zip(result.df["output"].tolist(), result.df["error"].tolist(),
                         strict=True))

@@ -8,9 +8,13 @@ import pickle
 import pandas as pd
 import pytest
 
+import dagster_batchllm.spark
+import dagster_batchllm.sql
+from dagster_batchllm.core.call import InferenceCall
 from dagster_batchllm.core.errors import InferenceConfigError
 from dagster_batchllm.spark import SparkAI, ai_query_col, register_ai_functions
-from dagster_batchllm.spark.worker import client_for
+from dagster_batchllm.spark.job import MODEL_COLUMN, PROMPT_COLUMN
+from dagster_batchllm.spark.worker import client_for, run_scalar
 from dagster_batchllm.testing import SimulatedEndpoint
 
 pytestmark = pytest.mark.spark
@@ -92,3 +96,57 @@ def test_model_mistakes_are_raised_on_the_driver(spark, make_settings, sim):
         ai.ai_query_col("gpt-9", "text")
     with pytest.raises(InferenceConfigError, match="Unknown generation parameter"):
         ai.ai_query_col("sim-model", "text", temprature=0.2)
+
+
+class _Recorder:
+    """A responder that keeps each request's messages and parameters."""
+
+    def __init__(self):
+        self.requests: list[tuple[list[dict], dict]] = []
+
+    def respond(self, model, messages, params) -> str:
+        self.requests.append((list(messages), dict(params)))
+        return f"{model}: {messages[-1]['content']}"
+
+
+def test_a_job_carries_one_checked_call_to_the_executors(make_settings):
+    recorder = _Recorder()
+    with SimulatedEndpoint(models=("sim-model",), responder=recorder) as sim:
+        ai = SparkAI(None, make_settings(sim), task_slots=2, partition_key="2024-06-01",
+                     scope="calls")
+        job = ai.job(fail_on_error=False, max_tokens=32, seed=7, system="Reply as {json}")
+        shipped = pickle.loads(pickle.dumps(job))  # what travels in the UDF's closure
+        out = run_scalar(shipped, True, pd.Series(["sim-model", "sim-model"]),
+                         pd.Series(["Hi", None]))
+
+    assert shipped == job
+    call = job.call
+    assert isinstance(call, InferenceCall)
+    assert (call.prompt_column, call.model_column) == (PROMPT_COLUMN, MODEL_COLUMN)
+    assert call.system == "Reply as {{json}}"  # the Spark API's system prompt is literal text
+    assert call.request_params == {"seed": 7, "max_tokens": 32}
+    assert (call.partition_key, call.scope) == ("2024-06-01", "calls")
+    assert out.to_dict("records") == [{"result": "sim-model: Hi", "errorMessage": None},
+                                      {"result": None, "errorMessage": None}]
+    [(messages, params)] = recorder.requests
+    assert messages[0] == {"role": "system", "content": "Reply as {json}"}
+    assert params["seed"] == 7 and params["max_tokens"] == 32
+
+
+def test_call_mistakes_are_raised_on_the_driver(make_settings, sim):
+    ai = SparkAI(None, make_settings(sim), task_slots=1)
+    with pytest.raises(InferenceConfigError, match="max_tokens must be at least 1"):
+        ai.job(fail_on_error=True, max_tokens=0)
+    with pytest.raises(InferenceConfigError, match="not a valid JSON schema"):
+        ai.job(fail_on_error=True, response_format={"type": "object", "properties": 3})
+
+
+def test_one_ai_query_error_for_sql_and_spark(make_settings):
+    assert dagster_batchllm.spark.AIQueryError is dagster_batchllm.sql.AIQueryError
+    with SimulatedEndpoint(models=("sim-model",)) as sim:
+        job = SparkAI(None, make_settings(sim, max_attempts=1), task_slots=1).job(
+            fail_on_error=True)
+        sim.script(500)
+        with pytest.raises(dagster_batchllm.sql.AIQueryError,
+                           match="ai_query failed for 1 of 2 rows.*server_error"):
+            run_scalar(job, False, pd.Series(["sim-model"] * 2), pd.Series(["a", "b"]))

@@ -265,6 +265,25 @@ def test_per_row_endpoints(make_client, con):
             con.sql("SELECT ai_gen('hello')").fetchall()
 
 
+class NamesModel(EchoResponder):
+    """Says which model answered."""
+
+    def respond(self, model, messages, params):
+        return f"{model}: {messages[-1]['content']}"
+
+
+def test_without_an_endpoint_the_default_model_else_the_only_served_one(make_client, con):
+    with SimulatedEndpoint(models=("model-a",), responder=NamesModel()) as sim:
+        register_ai_functions(con, make_client(sim))
+        assert con.sql("SELECT ai_gen('hi')").fetchall() == [("model-a: hi",)]
+    with SimulatedEndpoint(models=("model-a", "model-b"), responder=NamesModel()) as sim:
+        register_ai_functions(con, make_client(sim, default_model="model-b"))
+        assert con.sql("SELECT ai_gen('hi')").fetchall() == [("model-b: hi",)]
+        register_ai_functions(con, make_client(sim, default_model="model-b"),
+                              default_model="model-a")
+        assert con.sql("SELECT ai_gen('hi')").fetchall() == [("model-a: hi",)]
+
+
 @pytest.mark.parametrize("query, argument", [
     ("SELECT ai_query('no-such-model', 'hi')", r"argument 'endpoint' names 'no-such-model'.*"
                                                r"served models: \['sim-model'\]"),

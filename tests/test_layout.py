@@ -1,0 +1,338 @@
+"""The package's layers, checked from its source: no import cycles, no Dagster or PySpark in the
+core, and no internal use of the old module paths.
+
+The imports are read statically (``ast``) from every module under ``dagster_batchllm/``, those
+inside functions included (a lazy import is still a dependency), those under
+``if TYPE_CHECKING:`` left out (they never run). ``from . import x`` inside a package is an edge
+to the submodule ``x``; ``from pkg import name`` is an edge to ``pkg.name`` when that is a
+module, else to ``pkg``. Importing a submodule also runs its package's ``__init__``, but that is
+not an edge: a package that re-exports its submodules forms a cycle only when a submodule
+imports its own package back.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from dagster_batchllm._moved import MOVED, new_path
+
+PACKAGE = "dagster_batchllm"
+ROOT = Path(__file__).resolve().parents[1]
+
+# Code that runs without Dagster and PySpark: the core, the simulator, the AI-function catalogue
+# and what Spark executors import.
+NO_FRAMEWORK_PACKAGES = ("core", "simulator", "ai_functions")
+SPARK_EXECUTOR_MODULES = ("spark.worker", "spark.job", "spark.budget")
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.source} -> {self.target} (line {self.line})"
+
+
+@dataclass
+class ImportGraph:
+    """Every module of a package, its imports of the package's modules and of the outside."""
+
+    modules: dict[str, Path] = field(default_factory=dict)
+    edges: dict[str, list[Edge]] = field(default_factory=dict)  # internal, by source
+    external: dict[str, dict[str, int]] = field(default_factory=dict)  # top-level name -> line
+    named: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # module paths named
+
+    def imports_of(self, module: str) -> set[str]:
+        return {e.target for e in self.edges.get(module, [])}
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST) -> Iterable[ast.Import | ast.ImportFrom]:
+    """Every import statement that can run: anywhere, except under ``if TYPE_CHECKING:``."""
+    pending: list[ast.AST] = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            pending.extend(node.orelse)
+            continue
+        pending.extend(ast.iter_child_nodes(node))
+
+
+def build_graph(root: Path, package: str) -> ImportGraph:
+    """The import graph of ``root / package`` (``root`` is the directory holding the package)."""
+    graph = ImportGraph()
+    for path in sorted((root / package).rglob("*.py")):
+        graph.modules[module_name(path, root)] = path
+    for module, path in graph.modules.items():
+        _add_imports(graph, package, module, path)
+    return graph
+
+
+def _add_imports(graph: ImportGraph, package: str, module: str, path: Path) -> None:
+    edges = graph.edges.setdefault(module, [])
+    external = graph.external.setdefault(module, {})
+    named = graph.named.setdefault(module, [])
+
+    def internal(name: str, line: int) -> None:
+        named.append((name, line))
+        # The module itself, else the nearest enclosing package that is one of ours.
+        target = name
+        while target not in graph.modules and "." in target:
+            target = target.rpartition(".")[0]
+        if target in graph.modules:
+            edges.append(Edge(module, target, line))
+
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in _imports(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                top = alias.name.split(".")[0]
+                if top == package:
+                    internal(alias.name, node.lineno)
+                else:
+                    external.setdefault(top, node.lineno)
+            continue
+        if node.level:
+            base = module if path.name == "__init__.py" else module.rpartition(".")[0]
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            source = f"{base}.{node.module}" if node.module else base
+        else:
+            source = node.module or ""
+        if source.split(".")[0] != package:
+            external.setdefault(source.split(".")[0], node.lineno)
+            continue
+        for alias in node.names:
+            candidate = f"{source}.{alias.name}"
+            # An old path names a module when its new home is one.
+            is_module = candidate in graph.modules or new_path(candidate) in graph.modules
+            internal(candidate if is_module else source, node.lineno)
+
+
+# -- the analyses ----------------------------------------------------------------------------------
+def import_cycles(graph: ImportGraph) -> list[tuple[list[str], list[Edge]]]:
+    """Every group of modules that import each other (a strongly connected component), with
+    one of its cycles as edges."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def connect(start: str) -> None:
+        # Tarjan's algorithm, iterative (a deep chain must not hit the recursion limit).
+        work = [(start, iter(sorted(graph.imports_of(start))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.imports_of(child)))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1 or node in graph.imports_of(node):
+                    groups.append(sorted(group))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            connect(module)
+    return [(group, _cycle_in(graph, group)) for group in sorted(groups)]
+
+
+def _cycle_in(graph: ImportGraph, group: list[str]) -> list[Edge]:
+    """A shortest cycle through the group's first module, as edges."""
+    members = set(group)
+    start = group[0]
+    came_by: dict[str, Edge] = {}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for edge in graph.edges.get(node, []):
+            if edge.target not in members:
+                continue
+            if edge.target == start:
+                path = [edge]
+                while path[0].source != start:
+                    path.insert(0, came_by[path[0].source])
+                return path
+            if edge.target not in came_by:
+                came_by[edge.target] = edge
+                queue.append(edge.target)
+    raise AssertionError(f"no cycle through {start} in {group}")
+
+
+def is_framework(name: str) -> bool:
+    """Dagster (and its own packages) or PySpark."""
+    return name in ("dagster", "pyspark") or (name.startswith("dagster_") and name != PACKAGE)
+
+
+def framework_imports(graph: ImportGraph, module: str) -> list[list[Edge | str]]:
+    """Every way ``module`` reaches Dagster or PySpark: the chain of package imports that leads
+    to a module importing it, ending with that import."""
+    came_by: dict[str, Edge | None] = {module: None}
+    queue = deque([module])
+    found: list[list[Edge | str]] = []
+    while queue:
+        node = queue.popleft()
+        for name, line in sorted(graph.external.get(node, {}).items()):
+            if is_framework(name):
+                chain: list[Edge | str] = [f"{node} imports {name} (line {line})"]
+                step = came_by[node]
+                while step is not None:
+                    chain.insert(0, step)
+                    step = came_by[step.source]
+                found.append(chain)
+        for edge in graph.edges.get(node, []):
+            if edge.target not in came_by:
+                came_by[edge.target] = edge
+                queue.append(edge.target)
+    return found
+
+
+def framework_free_modules(graph: ImportGraph) -> list[str]:
+    prefixes = tuple(f"{PACKAGE}.{p}" for p in NO_FRAMEWORK_PACKAGES)
+    executors = {f"{PACKAGE}.{m}" for m in SPARK_EXECUTOR_MODULES}
+    return sorted(m for m in graph.modules
+                  if m in executors or any(m == p or m.startswith(p + ".") for p in prefixes))
+
+
+def old_path_imports(graph: ImportGraph) -> list[str]:
+    found = []
+    for module, names in sorted(graph.named.items()):
+        for name, line in names:
+            if new_path(name) is not None:
+                found.append(f"{module} imports {name} (line {line}); use {new_path(name)}")
+    return found
+
+
+def _describe(chain: Iterable[Edge | str]) -> str:
+    return "\n    ".join(str(step) for step in chain)
+
+
+# -- the package -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def graph() -> ImportGraph:
+    return build_graph(ROOT, PACKAGE)
+
+
+def test_the_graph_sees_the_package(graph):
+    """The checks below are only as good as the graph: it holds what the source says."""
+    assert f"{PACKAGE}.core.client" in graph.modules
+    assert f"{PACKAGE}.core.client" in graph.imports_of(f"{PACKAGE}.spark.worker")
+    assert f"{PACKAGE}.core.call" in graph.imports_of(f"{PACKAGE}.core.client")
+    assert "dagster" in graph.external[f"{PACKAGE}.resource"]
+    # A function-level import of pyspark is seen (ai_query_col imports it when called).
+    assert "pyspark" in graph.external[f"{PACKAGE}.spark.columns"]
+    # TYPE_CHECKING imports are not: the root package imports the resource only for type checkers.
+    assert f"{PACKAGE}.resource" not in graph.imports_of(PACKAGE)
+
+
+def test_no_import_cycles(graph):
+    cycles = import_cycles(graph)
+    assert not cycles, "Import cycles among the package's modules:\n  " + "\n  ".join(
+        f"{', '.join(group)}; for example:\n    {_describe(cycle)}" for group, cycle in cycles)
+
+
+def test_core_simulator_catalogue_and_spark_executors_import_no_dagster_or_pyspark(graph):
+    modules = framework_free_modules(graph)
+    assert f"{PACKAGE}.spark.worker" in modules and f"{PACKAGE}.core.engine" in modules
+    problems = {m: framework_imports(graph, m) for m in modules}
+    problems = {m: chains for m, chains in problems.items() if chains}
+    assert not problems, "Modules that must run without Dagster and PySpark import them:\n  " + \
+        "\n  ".join(f"{m}:\n    {_describe(chains[0])}" for m, chains in problems.items())
+
+
+def test_no_old_module_paths_inside_the_package(graph):
+    assert MOVED, "nothing to check: _moved.MOVED is empty"
+    found = old_path_imports(graph)
+    assert not found, ("The old module paths are for users only; the package imports them:\n  "
+                       + "\n  ".join(found))
+
+
+# -- the checks themselves, on a package made for them -------------------------------------------
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def test_the_checks_find_cycles_framework_imports_and_old_paths(tmp_path):
+    _write(tmp_path, {
+        f"{PACKAGE}/__init__.py": "",
+        f"{PACKAGE}/core/__init__.py": "",
+        f"{PACKAGE}/core/client.py": "",
+        # core.a -> core.b (in a function) -> core.a: a cycle; core.b also reaches dagster.
+        f"{PACKAGE}/core/a.py": "from . import b\n",
+        f"{PACKAGE}/core/b.py": "def f():\n    from .a import thing\n    from ..top import x\n",
+        f"{PACKAGE}/top.py": "import dagster\n",
+        # Only for type checkers: neither an edge nor an import of pyspark.
+        f"{PACKAGE}/core/c.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                 "    import pyspark\n    from . import a\n"
+                                 f"else:\n    from {PACKAGE} import client\n"),
+        # A package re-exporting its submodule is no cycle...
+        f"{PACKAGE}/spark/__init__.py": "from .worker import run\n",
+        f"{PACKAGE}/spark/worker.py": "import json\n",
+        # ...unless the submodule imports the package back.
+        f"{PACKAGE}/sql/__init__.py": "from .api import run\n",
+        f"{PACKAGE}/sql/api.py": f"from {PACKAGE}.sql import other\n",
+    })
+    graph = build_graph(tmp_path, PACKAGE)
+
+    cycles = import_cycles(graph)
+    assert [group for group, _ in cycles] == [[f"{PACKAGE}.core.a", f"{PACKAGE}.core.b"],
+                                              [f"{PACKAGE}.sql", f"{PACKAGE}.sql.api"]]
+    assert [str(e) for e in cycles[0][1]] == [f"{PACKAGE}.core.a -> {PACKAGE}.core.b (line 1)",
+                                              f"{PACKAGE}.core.b -> {PACKAGE}.core.a (line 2)"]
+
+    [chain] = framework_imports(graph, f"{PACKAGE}.core.a")
+    assert [str(s) for s in chain] == [
+        f"{PACKAGE}.core.a -> {PACKAGE}.core.b (line 1)",
+        f"{PACKAGE}.core.b -> {PACKAGE}.top (line 3)",
+        f"{PACKAGE}.top imports dagster (line 1)",
+    ]
+    assert framework_imports(graph, f"{PACKAGE}.spark.worker") == []
+    assert "pyspark" not in graph.external[f"{PACKAGE}.core.c"]
+    assert graph.imports_of(f"{PACKAGE}.core.c") == {PACKAGE}
+
+    assert old_path_imports(graph) == [
+        f"{PACKAGE}.core.c imports {PACKAGE}.client (line 6); use {PACKAGE}.core.client"]
