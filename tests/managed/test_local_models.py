@@ -17,6 +17,7 @@ import pytest
 from dagster_batchllm.managed.classical import (
     LOCAL_MODELS,
     ClassicalResponder,
+    UnsupportedTask,
     start_local_endpoint,
 )
 
@@ -268,8 +269,12 @@ def test_generic_labels_and_text_tasks(responder):
                  "mail jane.doe@example.com or call (555) 013-2291")
     assert masked == "Mask personal data: my name is [MASKED], mail [MASKED] or call [MASKED]" \
         or masked == "my name is [MASKED], mail [MASKED] or call [MASKED]"
-    assert ask(responder, "local", "Translate to French: hello there") == "hello there"
-    assert ask(responder, "local", "Fix the grammar: me like cats") == "me like cats"
+    # No translation or grammar model here: refused, never echoed (tests/managed/
+    # test_local_honesty.py has the rest of what is refused and why).
+    with pytest.raises(UnsupportedTask, match="cannot translate text; point the resource"):
+        ask(responder, "local", "Translate to French: hello there")
+    with pytest.raises(UnsupportedTask, match="cannot correct grammar"):
+        ask(responder, "local", "Fix the grammar: me like cats")
     with pytest.raises(ValueError):
         ask(responder, "gpt-4o", "hello")
 

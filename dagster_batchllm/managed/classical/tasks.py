@@ -3,11 +3,14 @@
 Prompts arrive as ``"<instruction>: <text>"`` (the Databricks ``ai_query`` idiom), as an
 instruction line followed by the text, or with the instruction in a system message.  These
 helpers take them apart without any model: regexes over the instruction only, never over the
-input text (a transcript may well contain "max 5 words" or a colon).
+input text (a transcript may well contain "max 5 words" or a colon).  The one exception is
+:func:`open_ended`, which looks at the start of a prompt that has no instruction at all, to
+tell "Write a haiku about queues" (a request to generate) from a text to work on.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -45,6 +48,8 @@ _SECTION_MARKER = re.compile(
     r"document|email|ticket|call|conversation)[ \t]*:[ \t]*", re.I)
 _MAX_PREAMBLE_WORDS = 120
 _SPLIT_LABELS = re.compile(r"\s*(?:,|;|\||/|\bor\b)\s*", re.I)
+# A JSON array of strings, as the AI functions write label lists into their system prompts.
+_JSON_LIST = re.compile(r'\[\s*"(?:[^"\\]|\\.)*"(?:\s*,\s*"(?:[^"\\]|\\.)*")*\s*\]')
 
 
 @dataclass
@@ -55,6 +60,23 @@ class Request:
     body: str = ""  # the text to work on
     labels: list[str] = field(default_factory=list)
     max_words: int | None = None
+    prompt: str = ""  # the last user message, untouched
+    system: str = ""  # the system (and developer) messages
+    user_instruction: str = ""  # the instruction prefix of the user message alone
+
+    @property
+    def task(self) -> str | None:
+        """The task asked for; a system message that names one wins (the AI functions put
+        the task there and send the content alone as the user message).  Listed labels are
+        no cue: classifying into ["translation request", "other"] is not a translation."""
+        return task_of(self._without_labels(self.system)) \
+            or task_of(self._without_labels(self.instruction))
+
+    def _without_labels(self, text: str) -> str:
+        text = _JSON_LIST.sub(" ", text)
+        for label in self.labels:
+            text = text.replace(label, " ")
+        return text
 
 
 def message_text(content: object) -> str:
@@ -130,13 +152,19 @@ def find_labels(text: str, strict: bool = False) -> tuple[list[str], int]:
 
 
 def parse(messages: list[dict]) -> Request:
-    """Take a chat request apart: instruction, body, listed labels, word limit."""
+    """Take a chat request apart: instruction, body, listed labels, word limit.
+
+    When the system message names the task, the user message is all content: its first
+    line is not read as an instruction, nor a list in it as the labels.
+    """
     system = "\n".join(message_text(m.get("content")) for m in messages
                        if m.get("role") in ("system", "developer"))
     users = [message_text(m.get("content")) for m in messages if m.get("role") == "user"]
     prompt = users[-1] if users else ""
-    instruction, body = split_instruction(prompt)
-    request = Request(instruction=" ".join(x for x in (system, instruction) if x), body=body)
+    content_only = task_of(_JSON_LIST.sub(" ", system)) is not None
+    instruction, body = ("", prompt.strip()) if content_only else split_instruction(prompt)
+    request = Request(instruction=" ".join(x for x in (system, instruction) if x), body=body,
+                      prompt=prompt, system=system, user_instruction=instruction)
 
     # A label list may sit in the instruction, in the system message, or right after the
     # instruction's colon ("... into one of: a, b, c\nText: ...").
@@ -146,12 +174,12 @@ def parse(messages: list[dict]) -> Request:
         labels, end = find_labels(instruction + ": " + body)
         if labels:
             body = (instruction + ": " + body)[end:].lstrip(" .:\n")
-    if not labels and not instruction:
+    if not labels and not instruction and not content_only:
         labels, end = find_labels(prompt[:500], strict=True)
         if labels:
             request.instruction = " ".join(x for x in (system, prompt[:end]) if x)
             body = prompt[end:].lstrip(" .:\n")
-    marker = list(_TEXT_MARKER.finditer(body[:400])) if labels else []
+    marker = list(_TEXT_MARKER.finditer(body[:400])) if labels and not content_only else []
     if marker:
         body = body[marker[-1].end():]
     request.labels = labels
@@ -160,32 +188,74 @@ def parse(messages: list[dict]) -> Request:
     return request
 
 
+# What an instruction asks for, by the words it uses; the first match wins.  Grammar needs
+# its own words: "fix" or "correct" alone also appear in "pick the correct label".
+_TASK_CUES = (
+    ("mask", re.compile(r"\b(mask|redact|anonymi[sz]e)")),
+    ("translate", re.compile(r"\btranslat")),
+    ("fix_grammar", re.compile(r"\b(grammar|grammatical|spelling|proofread|typos?\b)")),
+    ("similarity", re.compile(r"\bsimilar")),
+    ("sentiment", re.compile(r"\bsentiment\b")),
+    ("classify", re.compile(r"\b(classif|categori[sz]|label)")),
+    ("summarize", re.compile(r"\b(summar|tl;?dr|brief|condense|shorten)")),
+    ("extract", re.compile(r"\b(extract|pull out)")),
+)
+
+
 def task_of(instruction: str) -> str | None:
     """The AI-function style task an instruction asks for, if it names one."""
     low = instruction.lower()
-    if re.search(r"\b(mask|redact|anonymi[sz]e)", low):
-        return "mask"
-    if re.search(r"\btranslat", low):
-        return "translate"
-    if re.search(r"\b(grammar|fix|correct|proofread)", low):
-        return "fix_grammar"
-    if re.search(r"\bsentiment\b", low):
-        return "sentiment"
-    if re.search(r"\b(classif|categori[sz]|label)", low):
-        return "classify"
-    if re.search(r"\b(summar|tl;?dr|brief|condense|shorten)", low):
-        return "summarize"
+    return next((task for task, cue in _TASK_CUES if cue.search(low)), None)
+
+
+# A prompt that asks for text to be made up, or for an answer the text does not hold.
+_GENERATE = re.compile(
+    r"^\W*(?:please\s+|kindly\s+|(?:can|could|would|will) you\s+(?:please\s+)?)?"
+    r"(?:write|generate|compose|create|draft|invent|imagine|brainstorm|suggest|recommend|propose|"
+    r"explain|describe|tell|answer|respond|reply|rewrite|rephrase|paraphrase|continue|complete|"
+    r"elaborate|expand|outline|plan|design|convert|calculate|solve|code|implement|act as|"
+    r"pretend|make up|come up with|give me|list|help me)\b", re.I)
+_QUESTION = re.compile(
+    r"^\W*(?:what|who|whom|whose|why|how|when|where|which|is|are|was|were|do|does|did|can|could|"
+    r"would|will|should|shall|may|might|have|has)\b[^\n]*\?\s*$", re.I)
+_MAX_QUESTION_WORDS = 40
+_SPEAKER_TURN = re.compile(r"\b(?:agent|customer|caller|rep)\s*:", re.I)
+
+
+def open_ended(request: Request) -> str | None:
+    """What a request asks that no classical method can answer, or ``None``.
+
+    Looked at only when no task is named: the user's instruction, or (with no instruction) the
+    prompt itself, when it starts like a request to generate ("Write ...", "Explain ...") or is
+    one short question ("What is the capital of France?").  ``None`` leaves the model's
+    default task (the summarizer summarizes, the classifier classifies).
+    """
+    asked = request.user_instruction or request.body
+    if _GENERATE.match(asked):
+        return "generate free text (this request asks to write or explain something)"
+    short = len(asked.split()) <= _MAX_QUESTION_WORDS
+    if short and _QUESTION.match(asked) and not _SPEAKER_TURN.search(asked):
+        return "answer open questions (only summarize, classify, extract and mask text)"
     return None
 
 
-_EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+")
-_PHONE = re.compile(r"(?:\+?\d{1,2}[\s.-]?)?\(?\b\d{3}\)?[\s.-]?\d{3}[\s.-]?\d{4}\b")
-# "my name is" in any case; then one word, plus a second one only if capitalized (a surname).
-_NAME = re.compile(r"(\b(?i:my name is)\s+)[A-Za-z]+(?:\s+[A-Z][a-z]+)?")
+
+def listed_labels(request: Request) -> list[str]:
+    """Labels the instruction lists: a JSON array (as the AI functions send), else a label
+    list ("one of: a, b"), else none."""
+    found = _JSON_LIST.search(request.instruction)
+    if found:
+        try:
+            return [str(label) for label in json.loads(found.group(0))]
+        except ValueError:  # an escape JSON does not know: read it as a plain list instead
+            pass
+    return list(request.labels)
 
 
-def mask(text: str) -> str:
-    """Replace emails, phone numbers and names after "my name is" with "[MASKED]"."""
-    text = _EMAIL.sub("[MASKED]", text)
-    text = _PHONE.sub("[MASKED]", text)
-    return _NAME.sub(lambda m: m.group(1) + "[MASKED]", text)
+_PAIR = re.compile(r"^\s*Text 1:\s*\n(?P<first>.*?)\n\s*\nText 2:\s*\n(?P<second>.*)$", re.S)
+
+
+def text_pair(prompt: str) -> tuple[str, str] | None:
+    """The two texts of an ``ai_similarity`` prompt ("Text 1:\\n...\\n\\nText 2:\\n...")."""
+    found = _PAIR.match(prompt)
+    return (found.group("first"), found.group("second").rstrip()) if found else None
