@@ -33,6 +33,7 @@ from ..core.call import InferenceCall
 from ..core.settings import DEFAULT_LEDGER_TABLE
 from ..sensors.retry_partitions import build_retry_partitions_sensor
 from .resource_attributes import ResolvedResource
+from .scaffolder import InferenceScaffolder
 
 # InferenceCall's fields that each run sets (the asset's key, the run's partition), not YAML.
 SET_PER_RUN = frozenset({"scope", "partition_key"})
@@ -147,6 +148,7 @@ class RetryPartitionsSensorArgs(dg.Resolvable):
     )] = False
 
 
+@dg.scaffold_with(InferenceScaffolder)
 @dataclass
 @_with_call_attributes
 class BatchInferenceComponent(dg.Component, dg.Resolvable):
@@ -183,6 +185,12 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
                 api_key: {env: GPU_A_API_KEY}
             default_model: llama-70b
             store_url: {env: BATCHLLM_STORE_URL}
+
+    Dagster renders ``{{ ... }}`` in YAML values as Jinja (``{{ env.NAME }}``), so a prompt
+    whose text needs literal braces (``{{`` in a template) goes in a raw block:
+    ``prompt: "{% raw %}Reply as {{\"label\": ...}} for: {text}{% endraw %}"``.
+    ``dg scaffold defs dagster_batchllm.BatchInferenceComponent <name>`` writes a defs.yaml
+    that loads as it is (see :mod:`.scaffolder`).
 
     or, without ``resource``, the resource in the project's ``definitions.py``::
 
