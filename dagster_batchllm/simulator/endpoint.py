@@ -10,6 +10,7 @@ import os
 import select
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from .responders import EchoResponder, Responder, load_responder
 from .server import ServerSettings, serve
-from .state import DEFAULT_CONFIG, SimState, control, normalize_outcome
+from .state import BATCH_STAGES, DEFAULT_CONFIG, SimState, control, normalize_outcome
 
 API_KEY_ENV = "DAGSTER_BATCHLLM_SIM_API_KEY"  # the key travels by env, never on a command line
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -48,6 +49,16 @@ class SimulatedEndpoint:
             reply = client.chat.completions.create(model="sim-model", messages=messages)
             assert reply.choices[0].message.content == "[sim] hello"
             assert sim.stats()["by_status"] == {"429": 1, "200": 1}
+
+    Besides chat and completions it serves ``/v1/embeddings`` for ``embedding_models``
+    (see `dagster_batchllm.simulator.embeddings`; the fault script, random fault rates,
+    rate-limit windows, auth and ``max_concurrency`` cover it too, its latency is
+    ``embedding_latency_s`` or else ``latency_s``), image parts in chat messages (see
+    `dagster_batchllm.simulator.images`) and the Files and Batches API (see
+    `dagster_batchllm.simulator.batch_runner`; its calls and its lines have scripts of
+    their own): ``batch_stage_s`` is how long a batch stays in each stage, None to hold it
+    there until `advance_batches`. Files live in a temp dir of this endpoint's, removed when
+    it is garbage-collected or the interpreter exits.
     """
 
     def __init__(
@@ -65,19 +76,31 @@ class SimulatedEndpoint:
         tokens_per_minute: float | None = None,
         rate_limit_window_s: float = 60.0,
         seed: int = 0,
+        embedding_models: tuple[str, ...] | list[str] | None = None,
+        embedding_dimensions: int = 384,
+        max_inputs_per_request: int = 2048,
+        embedding_base64: bool = True,
+        max_image_bytes: int | None = 20 * 1024 * 1024,
+        batch_stage_s: float | None = 0.0,
     ):
         if process and responder is not None and not isinstance(responder, str):
             raise TypeError("process=True needs the responder as a 'module:attr' string")
         # Explicit models win; models=None serves what the responder's models() lists.
         self.settings = ServerSettings(host, port, list(models) if models else None,
-                                       max_concurrency, api_key, responder)
+                                       max_concurrency, api_key, responder,
+                                       list(embedding_models) if embedding_models else None)
         self.process = process
         self.port = port
         self._state: SimState = SimState({
             "latency_s": latency_s, "max_context_tokens": max_context_tokens, "seed": seed,
             "requests_per_minute": requests_per_minute, "tokens_per_minute": tokens_per_minute,
             "rate_limit_window_s": rate_limit_window_s,
+            "embedding_dimensions": embedding_dimensions,
+            "max_inputs_per_request": max_inputs_per_request,
+            "embedding_base64": embedding_base64, "max_image_bytes": max_image_bytes,
+            **dict.fromkeys(BATCH_STAGES, batch_stage_s),
         })
+        self._files_dir: tempfile.TemporaryDirectory | None = None
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._stop_thread = None
@@ -101,6 +124,11 @@ class SimulatedEndpoint:
                      else responder).models())
 
     @property
+    def embedding_models(self) -> list[str]:
+        """The models it serves on /v1/embeddings."""
+        return list(self.settings.embedding_models or ())
+
+    @property
     def base_url(self) -> str:
         return f"http://{self._connect_host}:{self.port}/v1"
 
@@ -113,6 +141,9 @@ class SimulatedEndpoint:
             if self.running:
                 return self
             self._state.killed = False
+            if self._state.store.directory is None:  # kept across restarts, with the batches
+                self._files_dir = tempfile.TemporaryDirectory(prefix="batchllm-sim-files-")
+                self._state.store.directory = self._files_dir.name
             if self.process:
                 self._start_process()
             else:
@@ -157,7 +188,8 @@ class SimulatedEndpoint:
     # -- control ---------------------------------------------------------------------
 
     def script(self, *outcomes: int | str) -> None:
-        """The next len(outcomes) valid requests get these outcomes in order.
+        """The next len(outcomes) valid model requests (chat, completions, embeddings) get
+        these outcomes in order.
 
         Outcomes: 200/"ok"; an HTTP error status (429 carries Retry-After: retry_after_s);
         "drop" (close the connection, no response); "malformed" (200, body cut mid-JSON);
@@ -169,8 +201,55 @@ class SimulatedEndpoint:
         """
         self._control("script", {"outcomes": [normalize_outcome(o) for o in outcomes]})
 
+    def script_batch_api(self, *outcomes: int | str) -> None:
+        """The next Files/Batches API calls get these outcomes: an HTTP error status (and no
+        effect), "ok", or "drop" (the call takes effect, then the connection closes unanswered:
+        e.g. a batch the client never hears was created)."""
+        self._control("script", {"outcomes": [normalize_outcome(o, "batch_api") for o in outcomes],
+                                 "target": "batch_api"})
+
+    def script_batch_lines(self, *outcomes: int | str) -> None:
+        """The next batch lines answered (over all batches, in order) get these outcomes: an
+        HTTP error status (the line goes to the error file) or 200/"ok". After the script,
+        ``batch_line_error_rate`` of lines get ``batch_line_error_status``."""
+        self._control("script", {"outcomes": [normalize_outcome(o, "batch_lines")
+                                              for o in outcomes], "target": "batch_lines"})
+
+    # -- batches ---------------------------------------------------------------------
+
+    def batches(self) -> list[dict]:
+        """Every batch as ``client.batches.retrieve`` returns it, newest first, plus
+        ``lines_read`` (input lines answered or expired so far)."""
+        return self._control("batches", {})["data"]
+
+    def files(self) -> list[dict]:
+        """Every file, uploaded or written by a batch, newest first."""
+        return self._control("files", {})["data"]
+
+    def advance_batches(self, batch_id: str | None = None, lines: int | None = None
+                        ) -> list[dict]:
+        """Move each unfinished batch (or just ``batch_id``) on by one stage, or answer
+        ``lines`` more of its lines if in progress, then do what became due; the batches after.
+
+        With ``batch_stage_s=None`` this is the only way batches move, so a test controls
+        every step; with the default 0 one call runs a batch to its end.
+        """
+        return self._control("advance_batches", {"batch_id": batch_id, "lines": lines})["data"]
+
+    def complete_batches(self, batch_id: str | None = None) -> list[dict]:
+        """Advance stage by stage until each unfinished batch (or ``batch_id``) is done."""
+        return self._control("advance_batches",
+                             {"batch_id": batch_id, "until_done": True})["data"]
+
+    def expire_batches(self, batch_id: str | None = None) -> list[dict]:
+        """Expire each unfinished batch (or ``batch_id``) now: its output keeps the lines
+        answered so far, its error file lists the others as ``batch_expired``."""
+        return self._control("expire_batches", {"batch_id": batch_id})["data"]
+
     def configure(self, **settings) -> None:
-        """Change latency_s, fault rates, retry_after_s, seed, rate limits... while running."""
+        """Change any `DEFAULT_CONFIG` setting while running: latency_s, fault rates,
+        retry_after_s, seed, rate limits, embedding and image limits, the batch_*_s stage
+        times, batch_line_error_rate / _status, batch_expire_after_fraction, ..."""
         unknown = set(settings) - set(DEFAULT_CONFIG)
         if unknown:
             raise ValueError(f"unknown setting(s) {sorted(unknown)}; "
@@ -185,7 +264,14 @@ class SimulatedEndpoint:
         that carry usage), duplicates (ok answers to a request, by canonical JSON body,
         that an earlier ok answer already served), script_pending, and log: one
         [t_monotonic, status_or_outcome, prompt_tokens, completion_tokens] row per request
-        at arrival. ``log=False`` leaves the log out, which is cheaper on long runs.
+        at arrival. ``log=False`` leaves the logs out, which is cheaper on long runs.
+
+        Apart from those (chat and completions only): ``embeddings`` (requests, ok, inputs,
+        prompt_tokens, by_status, dropped, stalled, duplicates, log rows of [t, status,
+        prompt_tokens, inputs]); ``images`` (requests with images, images, bytes, remote,
+        rejected, and a log of {status, prompt, sha256: [...], bytes, remote} per request);
+        ``batches`` (files_uploaded, bytes_uploaded, batches_created, lines_answered,
+        lines_ok, lines_failed, lines_expired, line_duplicates, api_requests, ...).
         """
         return self._control("stats", {"log": log})
 
@@ -260,6 +346,8 @@ class SimulatedEndpoint:
             cmd += ["--models", ",".join(s.models)]
         if s.responder:
             cmd += ["--responder", s.responder]
+        if s.embedding_models:
+            cmd += ["--embedding-models", ",".join(s.embedding_models)]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p))
         env.pop(API_KEY_ENV, None)

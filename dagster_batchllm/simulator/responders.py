@@ -23,8 +23,9 @@ class Responder(Protocol):
 
     ``params`` is the request body minus ``model`` and ``messages`` (``max_tokens``,
     ``temperature``, ``response_format``, ...). Message contents arrive as plain text,
-    even when the client sent a list of content parts. Return the assistant message
-    content; for structured output, a JSON string.
+    even when the client sent a list of content parts: text parts one per line, each image
+    part as its marker line ``[image sha256:<12 hex>]`` (see `dagster_batchllm.simulator.
+    images`). Return the assistant message content; for structured output, a JSON string.
 
     Example::
 

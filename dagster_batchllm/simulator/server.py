@@ -1,42 +1,36 @@
-"""The simulated endpoint's HTTP side: the aiohttp app and `serve`.
+"""The simulated endpoint's HTTP side: the aiohttp app, its routing and `serve`.
 
-One request goes: validate (auth, JSON, model, context length) -> build the reply ->
-rate-limit window -> scripted or random outcome -> take a slot and sleep ``latency_s``
--> answer with that outcome. Thread mode and the ``python -m dagster_batchllm.simulator``
-subprocess both run `serve`; the controller changes a running server only through the
-``/_sim/{command}`` admin routes, which call `state.control`.
+A model request (chat, completions, embeddings) goes: validate (auth, JSON, model, limits)
+-> build the reply -> rate-limit window -> scripted or random outcome -> take a slot and
+sleep the latency -> answer with that outcome. What each API validates and answers lives
+in its module (chat.py, embeddings.py, images.py); the Files and Batches API in
+batch_api.py, its lifecycle in batch_runner.py. Thread mode and the
+``python -m dagster_batchllm.simulator`` subprocess both run `serve`; the controller changes
+a running server only through the ``/_sim/{command}`` admin routes, which call
+`state.control` (or the batch runner, for the commands that process lines).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import itertools
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from .responders import EchoResponder, Responder, content_text, load_responder
-from .state import SimState, control, tokens
+from .batch_api import BatchApi
+from .batch_runner import BatchRunner
+from .chat import prepare_generation
+from .embeddings import prepare_embeddings
+from .images import ImageReject
+from .protocol import Job, Reject, Serving, error_response, responder_failure
+from .responders import EchoResponder, Responder, load_responder
+from .state import SERVER_COMMANDS, SimState, Tally, control
 
-DEFAULT_MAX_TOKENS = 256
-ERROR_TYPES = {
-    400: "BadRequestError",
-    401: "AuthenticationError",
-    403: "PermissionDeniedError",
-    404: "NotFoundError",
-    422: "UnprocessableEntityError",
-    429: "RateLimitError",
-    500: "InternalServerError",
-    503: "ServiceUnavailableError",
-}
-# A body cut mid-object, as a broken proxy would send it.
-MALFORMED_BODY = b'{"id": "chatcmpl-sim", "object": "chat.completion", "choices": [{"ind'
-BAD_STRUCTURED = '{"sim": "bad_structured", "value": '
 STALL_POLL_S = 0.05
 
 
@@ -50,16 +44,7 @@ class ServerSettings:
     max_concurrency: int = 256
     api_key: str | None = None
     responder: Responder | str | None = None
-
-
-class _Reject(Exception):
-    def __init__(self, status: int, message: str, code: str | int | None = None):
-        super().__init__(message)
-        self.status, self.message, self.code = status, message, code
-
-
-def _seconds(value: float) -> str:
-    return f"{value:.3f}".rstrip("0").rstrip(".")
+    embedding_models: list[str] | None = None  # None: no embeddings served
 
 
 class _App:
@@ -67,66 +52,95 @@ class _App:
 
     def __init__(self, settings: ServerSettings, state: SimState):
         responder = settings.responder or EchoResponder()
-        self.responder = load_responder(responder) if isinstance(responder, str) else responder
-        self.models = list(settings.models or self.responder.models())
+        responder = load_responder(responder) if isinstance(responder, str) else responder
+        self.serving = Serving(list(settings.models or responder.models()),
+                               list(settings.embedding_models or ()), responder, state)
         self.auth = f"Bearer {settings.api_key}" if settings.api_key else None
         self.slots = asyncio.Semaphore(settings.max_concurrency)
         self.state = state
-        self.ids = itertools.count(1)
+        self.runner = BatchRunner(self.serving)
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_get("/v1/models", self.list_models)
+        BatchApi(self.state, self.authorized, self.runner).add_routes(app.router)
         app.router.add_route("*", "/_sim/{command}", self.admin)
         return app
 
+    def authorized(self, request: web.Request) -> bool:
+        return not self.auth or request.headers.get("Authorization") == self.auth
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=True)
+        return await self._model_request(
+            request, self.state.chat, lambda body: prepare_generation(self.serving, body, True),
+            "latency_s")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=False)
+        return await self._model_request(
+            request, self.state.chat, lambda body: prepare_generation(self.serving, body, False),
+            "latency_s")
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._model_request(
+            request, self.state.embeddings, lambda body: prepare_embeddings(self.serving, body),
+            "embedding_latency_s")
 
     async def list_models(self, request: web.Request) -> web.Response:
-        if self.auth and request.headers.get("Authorization") != self.auth:
-            return self._error(None, 401, "Incorrect API key provided.", "invalid_api_key")
+        if not self.authorized(request):
+            return self._error(None, None, Reject(401, "Incorrect API key provided.",
+                                                  "invalid_api_key"))
         data = [{"id": m, "object": "model", "owned_by": "dagster-batchllm-sim"}
-                for m in self.models]
+                for m in [*self.serving.models, *self.serving.embedding_models]]
         return web.json_response({"object": "list", "data": data})
 
     async def admin(self, request: web.Request) -> web.Response:
         payload = await request.json() if request.body_exists else dict(request.query)
+        name = request.match_info["command"]
         try:
-            result = control(self.state, request.match_info["command"], payload)
+            if name in SERVER_COMMANDS:
+                result = await self.runner.command(name, payload)
+            else:
+                result = control(self.state, name, payload)
         except (KeyError, ValueError, TypeError) as exc:
             return web.json_response({"error": {"message": str(exc)}}, status=400)
         return web.json_response(result)
 
-    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def _model_request(self, request: web.Request, tally: Tally,
+                             prepare: Callable[[object], Job], latency_key: str
+                             ) -> web.StreamResponse:
         st = self.state
-        entry = [time.monotonic(), 0, 0, 0]  # the log row: arrival, status/outcome, tokens
-        st.requests += 1
-        st.log.append(entry)
+        entry = [time.monotonic(), 0, 0, 0]  # the log row: arrival, status/outcome, usage
+        tally.requests += 1
+        tally.log.append(entry)
         if st.killed:
             return self._drop(request, entry, "killed")
-        if self.auth and request.headers.get("Authorization") != self.auth:
-            return self._error(entry, 401, "Incorrect API key provided.", "invalid_api_key")
+        if not self.authorized(request):
+            return self._error(tally, entry, Reject(401, "Incorrect API key provided.",
+                                                    "invalid_api_key"))
         try:
             body = json.loads(await request.read())
         except ValueError:
-            return self._error(entry, 400, "request body is not valid JSON")
+            return self._error(tally, entry, Reject(400, "request body is not valid JSON"))
         try:
-            model, prompt_tokens, text, finish, n = self._prepare(body, chat)
-        except _Reject as exc:
-            return self._error(entry, exc.status, exc.message, exc.code)
-        except Exception as exc:  # a broken responder must answer, not hang the client
-            return self._error(entry, 500, f"responder failed: {type(exc).__name__}: {exc}")
+            job = prepare(body)
+        except ImageReject as exc:
+            st.images.rejected += 1
+            return self._error(tally, entry, exc)
+        except Reject as exc:
+            return self._error(tally, entry, exc)
+        except Exception as exc:  # a responder's refusal, or a bug: answer, never hang
+            return self._error(tally, entry, responder_failure(exc))
+        if getattr(job, "images", None):
+            st.images.record(entry, job.images, job.prompt)
 
-        wait = st.admit(entry[0], prompt_tokens + tokens(text) * n)
+        wait = st.admit(entry[0], job.cost)
         if wait is not None:
             message = "Rate limit reached for requests or tokens per minute (simulated)."
-            return self._error(entry, 429, message, "rate_limit_exceeded", retry_after=wait)
+            return self._error(tally, entry, Reject(429, message, "rate_limit_exceeded"),
+                               retry_after=wait)
         outcome = st.next_outcome()
         entry[1] = 200 if outcome == "ok" else outcome
         async with self.slots:
@@ -134,7 +148,9 @@ class _App:
             if st.in_flight > st.max_concurrent:
                 st.max_concurrent = st.in_flight
             try:
-                latency = st.config["latency_s"]
+                latency = st.config[latency_key]
+                if latency is None:
+                    latency = st.config["latency_s"]
                 if latency > 0:
                     await asyncio.sleep(latency)
                 if st.killed:
@@ -142,124 +158,45 @@ class _App:
                 if request.transport is None or request.transport.is_closing():
                     entry[1] = "abandoned"  # the client gave up: nothing was delivered
                     return web.Response()
-                return await self._answer(request, entry, outcome, body, chat, model,
-                                          prompt_tokens, text, finish, n)
+                return await self._answer(request, tally, entry, outcome, job)
             finally:
                 st.in_flight -= 1
 
-    def _prepare(self, body: object, chat: bool) -> tuple[str, int, str, str, int]:
-        """Validate a request and build its reply text (cut to max_tokens unless structured)."""
-        if not isinstance(body, dict):
-            raise _Reject(400, "request body must be a JSON object")
-        model = body.get("model")
-        if model not in self.models:
-            raise _Reject(404, f"The model `{model}` does not exist.", 404)
-        if body.get("stream"):
-            raise _Reject(400, "streaming not supported by the simulated endpoint")
-        if chat:
-            raw = body.get("messages")
-            if not isinstance(raw, list) or not raw or not all(isinstance(m, dict) for m in raw):
-                raise _Reject(400, "'messages' must be a non-empty list of objects")
-            messages = [{"role": m.get("role", "user"), "content": content_text(m.get("content"))}
-                        for m in raw]
-            prompt_tokens = sum(tokens(m["content"]) + 4 for m in messages)
-            params = {k: v for k, v in body.items() if k not in ("model", "messages")}
-        else:
-            prompt = body.get("prompt", "")
-            prompt = "\n".join(map(str, prompt)) if isinstance(prompt, list) else str(prompt)
-            messages = [{"role": "user", "content": prompt}]
-            prompt_tokens = tokens(prompt)
-            params = {k: v for k, v in body.items() if k not in ("model", "prompt")}
-        requested = body.get("max_completion_tokens")
-        if requested is None:
-            requested = body.get("max_tokens")
-        if requested is not None and (type(requested) is not int or requested < 0):
-            raise _Reject(400, "max_tokens must be an integer")
-        limit = self.state.config["max_context_tokens"]
-        if limit and (prompt_tokens + (requested or 0) > limit or prompt_tokens >= limit):
-            asked = prompt_tokens + (requested or 0)
-            raise _Reject(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{asked} tokens ({prompt_tokens} in the messages, {requested or 0} in the "
-                "completion). Please reduce the length of the messages or completion.",
-                "context_length_exceeded",
-            )
-        if requested is None:  # like vLLM: what is left of the context, capped by our default
-            requested = DEFAULT_MAX_TOKENS
-            if limit:
-                requested = min(requested, limit - prompt_tokens)
-        text = self.responder.respond(model, messages, params)
-        fmt = body.get("response_format")
-        structured = isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object")
-        finish = "stop"
-        if not structured and tokens(text) > requested:
-            text, finish = text[: max(requested, 0) * 4], "length"
-        n = body.get("n") or 1
-        return model, prompt_tokens, text, finish, n if isinstance(n, int) and n > 0 else 1
-
-    async def _answer(self, request, entry, outcome, body, chat, model,
-                      prompt_tokens, text, finish, n) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, tally: Tally, entry: list,
+                      outcome: int | str, job: Job) -> web.StreamResponse:
         st = self.state
         if isinstance(outcome, int):
             retry = st.config["retry_after_s"] if outcome == 429 else None
-            return self._error(entry, outcome, f"simulated {outcome} error", retry_after=retry)
+            return self._error(tally, entry, Reject(outcome, f"simulated {outcome} error"),
+                               retry_after=retry)
         if outcome == "drop":
-            st.dropped += 1
+            tally.dropped += 1
             return self._drop(request, entry, "drop")
         if outcome == "malformed":
-            st.count_status(200)
-            return web.Response(body=MALFORMED_BODY, content_type="application/json")
-        if outcome == "empty":
-            text, finish = "", "stop"
-        elif outcome == "bad_structured":
-            text, finish = BAD_STRUCTURED, "stop"
-        completion_tokens = tokens(text) * n
-        payload = self._payload(chat, model, text, finish, n, prompt_tokens, completion_tokens)
-        if outcome == "no_choices":
-            del payload["choices"], payload["usage"]
+            tally.count_status(200)
+            return web.Response(body=job.malformed, content_type="application/json")
+        payload, usage = job.render(self.serving, outcome)
         data = json.dumps(payload, ensure_ascii=False).encode()
         if outcome == "stall":
+            tally.stalled += 1
             return await self._stall(request, data)
-        st.count_status(200)
-        if outcome != "no_choices":
-            st.prompt_tokens += prompt_tokens
-            st.completion_tokens += completion_tokens
-            entry[2], entry[3] = prompt_tokens, completion_tokens
+        tally.count_status(200)
+        if usage is not None:  # chat: prompt and completion tokens; embeddings: prompt, inputs
+            for name, value in usage.items():
+                setattr(tally, name, getattr(tally, name) + value)
+            entry[2], entry[3] = usage.values()
         if outcome == "ok":
-            st.ok += 1
-            canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-            key = hashlib.blake2b(canonical.encode(), digest_size=12).hexdigest()
-            if key in st.answered:
-                st.duplicates += 1
-            else:
-                st.answered.add(key)
+            tally.count_ok(job.body)
         return web.Response(body=data, content_type="application/json")
-
-    def _payload(self, chat, model, text, finish, n, prompt_tokens, completion_tokens) -> dict:
-        if chat:
-            kind, prefix = "chat.completion", "chatcmpl-sim"
-            choices = [{"index": i, "message": {"role": "assistant", "content": text},
-                        "finish_reason": finish, "logprobs": None} for i in range(n)]
-        else:
-            kind, prefix = "text_completion", "cmpl-sim"
-            choices = [{"index": i, "text": text, "finish_reason": finish, "logprobs": None}
-                       for i in range(n)]
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                 "total_tokens": prompt_tokens + completion_tokens}
-        return {"id": f"{prefix}{next(self.ids)}", "object": kind, "created": int(time.time()),
-                "model": model, "choices": choices, "usage": usage}
 
     async def _stall(self, request: web.Request, data: bytes) -> web.StreamResponse:
         """Send headers and half the body, then wait until the client gives up or we stop."""
-        st = self.state
-        st.stalled += 1
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         response.content_length = len(data)
         await response.prepare(request)
         await response.write(data[: len(data) // 2])
         # Without handler cancellation, a closed transport is how we see the client give up.
-        while not st.killed and request.transport and not request.transport.is_closing():
+        while not self.state.killed and request.transport and not request.transport.is_closing():
             await asyncio.sleep(STALL_POLL_S)
         if request.transport is not None:
             request.transport.close()
@@ -271,27 +208,31 @@ class _App:
             request.transport.close()  # no HTTP response at all; aiohttp ignores the write error
         return web.Response()
 
-    def _error(self, entry, status, message, code=None, retry_after=None) -> web.Response:
-        if entry is not None:
-            self.state.count_status(status)
-            entry[1] = status
-        headers = None
-        if retry_after is not None:
-            headers = {"Retry-After": _seconds(retry_after),
-                       "retry-after-ms": str(max(1, round(retry_after * 1000)))}
-        error = {"message": message, "type": ERROR_TYPES.get(status, "APIError"), "param": None,
-                 "code": status if code is None else code}
-        return web.Response(status=status, body=json.dumps({"error": error}).encode(),
-                            content_type="application/json", headers=headers)
+    def _error(self, tally: Tally | None, entry: list | None, reject: Reject,
+               retry_after: float | None = None) -> web.Response:
+        if tally is not None and entry is not None:
+            tally.count_status(reject.status)
+            entry[1] = reject.status
+        return error_response(reject.status, reject.body(), retry_after)
 
 
 async def serve(settings: ServerSettings, state: SimState, on_ready: Callable[[int], None],
                 stop: asyncio.Event) -> None:
-    """Run one server until ``stop`` is set; ``on_ready(port)`` once it accepts connections."""
-    app = _App(settings, state).build()
+    """Run one server until ``stop`` is set; ``on_ready(port)`` once it accepts connections.
+
+    Without a batch-file directory in the state (a standalone run), files go to a temp dir
+    removed when the server stops.
+    """
+    scratch = None
+    if state.store.directory is None:
+        scratch = tempfile.TemporaryDirectory(prefix="batchllm-sim-files-")
+        state.store.directory = scratch.name
+    app_handlers = _App(settings, state)
     # A short shutdown: stop() is how tests kill an endpoint, not a graceful drain.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
+    runner = web.AppRunner(app_handlers.build(), access_log=None, handle_signals=False,
+                           shutdown_timeout=0.1)
     await runner.setup()
+    driver = asyncio.get_running_loop().create_task(app_handlers.runner.drive())
     try:
         site = web.TCPSite(runner, settings.host, settings.port, backlog=4096, reuse_address=True)
         await site.start()
@@ -299,7 +240,15 @@ async def serve(settings: ServerSettings, state: SimState, on_ready: Callable[[i
         await stop.wait()
     finally:
         state.killed = True
+        driver.cancel()
         await runner.cleanup()
+        if scratch is not None:
+            state.store.directory = None
+            scratch.cleanup()
+        try:
+            await driver  # re-raises what the driver died of, if anything but our cancel
+        except asyncio.CancelledError:
+            pass
 
 
 async def watch_parent(parent_pid: int, stop: asyncio.Event) -> None:

@@ -1,4 +1,4 @@
-"""The simulated server's memory: settings, fault script, rate-limit windows and stats.
+"""The simulated server's memory: settings, fault scripts, rate-limit windows and stats.
 
 Plain Python with no event loop or aiohttp, so the controller can hold the same object
 while the server is stopped and hand it to the next server on restart.
@@ -6,8 +6,12 @@ while the server is stopped and hand it to the next server on restart.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from collections import deque
+
+from .batch_store import BatchStore
 
 FAULT_RATES = {
     "error_rate_429": 429,
@@ -20,6 +24,9 @@ FAULT_RATES = {
     "bad_structured_rate": "bad_structured",
     "stall_rate": "stall",
 }
+# Seconds a batch spends in each stage; None holds it there until advance_batches().
+BATCH_STAGES = ("batch_validating_s", "batch_in_progress_s", "batch_finalizing_s",
+                "batch_cancelling_s")
 DEFAULT_CONFIG = {
     "latency_s": 0.0,
     "retry_after_s": 1.0,
@@ -29,8 +36,26 @@ DEFAULT_CONFIG = {
     "tokens_per_minute": None,
     "rate_limit_window_s": 60.0,
     **dict.fromkeys(FAULT_RATES, 0.0),
+    # /v1/embeddings
+    "embedding_dimensions": 384,
+    "max_inputs_per_request": 2048,
+    "embedding_base64": True,
+    "embedding_latency_s": None,  # None: latency_s
+    "embedding_max_context_tokens": None,  # None: max_context_tokens
+    # image parts of chat messages
+    "max_image_bytes": 20 * 1024 * 1024,
+    # Files and Batches
+    **dict.fromkeys(BATCH_STAGES, 0.0),
+    "batch_line_error_rate": 0.0,
+    "batch_line_error_status": 500,
+    "batch_expire_after_fraction": None,  # expire once this share of lines is answered
+    "batch_max_lines": None,
+    "batch_api_latency_s": 0.0,
 }
 SPECIAL_OUTCOMES = ("ok", "drop", "malformed", "no_choices", "empty", "bad_structured", "stall")
+# Which requests each script steers: model requests, Files/Batches calls, batch lines.
+SCRIPT_TARGETS = {"requests": SPECIAL_OUTCOMES, "batch_api": ("ok", "drop"),
+                  "batch_lines": ("ok",)}
 
 
 def tokens(text: str) -> int:
@@ -38,17 +63,24 @@ def tokens(text: str) -> int:
     return (len(text) + 3) // 4
 
 
-def normalize_outcome(outcome: int | str) -> int | str:
+def request_key(body: dict) -> str:
+    """The duplicate-detection key of a request body: a hash of its canonical JSON."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.blake2b(canonical.encode(), digest_size=12).hexdigest()
+
+
+def normalize_outcome(outcome: int | str, target: str = "requests") -> int | str:
     """200/"ok" -> "ok"; HTTP error statuses -> int; named faults stay strings."""
+    allowed = SCRIPT_TARGETS[target]
     if outcome in (200, "200", "ok"):
         return "ok"
     if isinstance(outcome, str) and outcome.isdigit():
         outcome = int(outcome)
     if isinstance(outcome, int) and not isinstance(outcome, bool) and 400 <= outcome <= 599:
         return outcome
-    if outcome in SPECIAL_OUTCOMES:
+    if outcome in allowed:
         return outcome
-    raise ValueError(f"unknown outcome {outcome!r}; use an HTTP error status or {SPECIAL_OUTCOMES}")
+    raise ValueError(f"unknown outcome {outcome!r}; use an HTTP error status or {allowed}")
 
 
 def max_in_window(log: list, window_s: float, what: str = "requests") -> float:
@@ -69,25 +101,119 @@ def max_in_window(log: list, window_s: float, what: str = "requests") -> float:
     return best
 
 
-class SimState:
-    """Config, pending script and statistics of one simulated server.
+class Tally:
+    """Counters of one API: chat + completions, or embeddings.
 
-    It is plain data (no event loop), exported and re-loaded as JSON so stats and the
-    duplicate memory survive `SimulatedEndpoint.restart` in both thread and process mode.
+    ``log`` holds one [t_monotonic, status_or_outcome, prompt_tokens, completion_tokens
+    (embeddings: inputs)] row per request at arrival; ``answered`` the request keys of ok
+    answers, to count duplicates.
+    """
+
+    COUNTS = ("requests", "ok", "dropped", "stalled", "duplicates", "prompt_tokens",
+              "completion_tokens", "inputs")
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        for name in self.COUNTS:
+            setattr(self, name, 0)
+        self.by_status: dict[str, int] = {}
+        self.answered: set[str] = set()
+        self.log: list[list] = []
+
+    def count_status(self, status: int) -> None:
+        key = str(status)
+        self.by_status[key] = self.by_status.get(key, 0) + 1
+
+    def count_ok(self, body: dict) -> None:
+        self.ok += 1
+        key = request_key(body)
+        if key in self.answered:
+            self.duplicates += 1
+        else:
+            self.answered.add(key)
+
+    def as_dict(self, skip: tuple[str, ...] = (), with_log: bool = True) -> dict:
+        out = {name: getattr(self, name) for name in self.COUNTS if name not in skip}
+        out["by_status"] = dict(self.by_status)
+        if with_log:
+            out["log"] = [list(entry) for entry in self.log]
+        return out
+
+    def export(self) -> dict:
+        return {**self.as_dict(), "answered": sorted(self.answered)}
+
+    def load(self, data: dict) -> None:
+        for name in self.COUNTS:
+            setattr(self, name, data[name])
+        self.by_status = dict(data["by_status"])
+        self.answered = set(data["answered"])
+        self.log = [list(entry) for entry in data["log"]]
+
+
+class ImageTally:
+    """Images received in chat requests: totals, and one record per request that had any."""
+
+    COUNTS = ("requests", "images", "bytes", "remote", "rejected")
+
+    def __init__(self):
+        for name in self.COUNTS:
+            setattr(self, name, 0)
+        self.records: list[dict] = []
+
+    def record(self, entry: list, images: list, prompt: str) -> None:
+        """``entry`` is the request's log row: its status is read when stats are asked for."""
+        self.requests += 1
+        self.images += len(images)
+        self.bytes += sum(image.size for image in images)
+        self.remote += sum(1 for image in images if image.remote)
+        self.records.append({"entry": entry, "prompt": prompt[:200],
+                             "sha256": [image.sha256 for image in images],
+                             "bytes": sum(image.size for image in images),
+                             "remote": sum(1 for image in images if image.remote)})
+
+    def as_dict(self, with_log: bool = True) -> dict:
+        out = {name: getattr(self, name) for name in self.COUNTS}
+        if with_log:
+            out["log"] = [{"status": r["entry"][1], **{k: v for k, v in r.items() if k != "entry"}}
+                          for r in self.records]
+        return out
+
+    def load(self, data: dict) -> None:
+        for name in self.COUNTS:
+            setattr(self, name, data[name])
+        self.records = [{"entry": [0.0, r["status"], 0, 0],
+                         **{k: v for k, v in r.items() if k != "status"}} for r in data["log"]]
+
+
+class SimState:
+    """Config, pending scripts, statistics and batch records of one simulated server.
+
+    It is plain data (no event loop), exported and re-loaded as JSON so stats, the
+    duplicate memory and batches survive `SimulatedEndpoint.restart` in both thread and
+    process mode. Batch file contents live on disk, in ``store.directory``.
     """
 
     def __init__(self, config: dict | None = None):
         self.config = dict(DEFAULT_CONFIG)
-        self.script: deque = deque()
+        self.scripts: dict[str, deque] = {target: deque() for target in SCRIPT_TARGETS}
         self.rng = random.Random(0)
+        self.line_rng = random.Random(0)  # batch lines draw apart, so timing cannot reorder them
         self.killed = False  # set by /_sim/kill: answer nothing more, like a dead server
         self._faults: list[tuple[float, int | str]] = []
         self._window_requests: deque = deque()
         self._window_tokens: deque = deque()
         self._window_token_sum = 0
         self.in_flight = 0
+        self.store = BatchStore()
         self.configure(**(config or {}))
         self.reset_stats()
+
+    @property
+    def script(self) -> deque:
+        """The model-request script (chat, completions, embeddings)."""
+        return self.scripts["requests"]
 
     def configure(self, **changes) -> None:
         unknown = set(changes) - set(DEFAULT_CONFIG)
@@ -97,6 +223,7 @@ class SimState:
         self.config.update(changes)
         if "seed" in changes:
             self.rng.seed(changes["seed"])
+            self.line_rng.seed(changes["seed"])
         # Cumulative thresholds, so picking a random fault costs one rng draw.
         self._faults, total = [], 0.0
         for key, outcome in FAULT_RATES.items():
@@ -104,8 +231,10 @@ class SimState:
                 total += float(self.config[key])
                 self._faults.append((total, outcome))
 
-    def push_script(self, outcomes: list) -> None:
-        self.script.extend(normalize_outcome(o) for o in outcomes)
+    def push_script(self, outcomes: list, target: str = "requests") -> None:
+        if target not in SCRIPT_TARGETS:
+            raise ValueError(f"unknown script target {target!r}; known: {sorted(SCRIPT_TARGETS)}")
+        self.scripts[target].extend(normalize_outcome(o, target) for o in outcomes)
 
     def next_outcome(self) -> int | str:
         if self.script:
@@ -117,17 +246,33 @@ class SimState:
                     return outcome
         return "ok"
 
-    def reset_stats(self) -> None:
-        self.requests = self.ok = self.dropped = self.stalled = self.duplicates = 0
-        self.prompt_tokens = self.completion_tokens = 0
-        self.max_concurrent = self.in_flight
-        self.by_status: dict[str, int] = {}
-        self.answered: set[str] = set()
-        self.log: list[list] = []
+    def next_api_outcome(self) -> int | str:
+        script = self.scripts["batch_api"]
+        return script.popleft() if script else "ok"
 
-    def count_status(self, status: int) -> None:
-        key = str(status)
-        self.by_status[key] = self.by_status.get(key, 0) + 1
+    def next_line_outcome(self) -> int | str:
+        script = self.scripts["batch_lines"]
+        if script:
+            return script.popleft()
+        rate = self.config["batch_line_error_rate"]
+        if rate and self.line_rng.random() < rate:
+            return int(self.config["batch_line_error_status"])
+        return "ok"
+
+    def reset_stats(self) -> None:
+        self.chat, self.embeddings, self.images = Tally(), Tally(), ImageTally()
+        self.max_concurrent = self.in_flight
+        self.store.reset_stats()
+
+    @property
+    def log(self) -> list[list]:
+        """The chat and completions log (what max_in_window reads)."""
+        return self.chat.log
+
+    @property
+    def answered(self) -> set[str]:
+        """Request keys of the chat and completions ok answers (bench/chaos reads them)."""
+        return self.chat.answered
 
     def admit(self, now: float, cost: int) -> float | None:
         """Sliding-window limit: seconds to wait when over, else None (and charge the request)."""
@@ -157,30 +302,25 @@ class SimState:
         return None
 
     def stats(self, with_log: bool = True) -> dict:
-        out = {
-            "requests": self.requests,
-            "ok": self.ok,
-            "by_status": dict(self.by_status),
-            "dropped": self.dropped,
-            "stalled": self.stalled,
-            "max_concurrent": self.max_concurrent,
-            "in_flight": self.in_flight,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "duplicates": self.duplicates,
-            "script_pending": len(self.script),
-        }
+        out = self.chat.as_dict(skip=("inputs",), with_log=False)
+        out.update(max_concurrent=self.max_concurrent, in_flight=self.in_flight,
+                   script_pending=len(self.script))
+        out["embeddings"] = self.embeddings.as_dict(skip=("completion_tokens",), with_log=with_log)
+        out["images"] = self.images.as_dict(with_log)
+        out["batches"] = {**self.store.stats(), "api_script_pending": len(self.scripts[
+            "batch_api"]), "line_script_pending": len(self.scripts["batch_lines"])}
         if with_log:
-            out["log"] = [list(entry) for entry in self.log]
+            out["log"] = [list(entry) for entry in self.chat.log]
         return out
 
     def export(self) -> dict:
-        version, internal, gauss = self.rng.getstate()
         return {
             "config": dict(self.config),
-            "script": list(self.script),
-            "rng": [version, list(internal), gauss],
-            "stats": {**self.stats(), "answered": sorted(self.answered)},
+            "scripts": {target: list(script) for target, script in self.scripts.items()},
+            "rng": _rng_export(self.rng), "line_rng": _rng_export(self.line_rng),
+            "max_concurrent": self.max_concurrent,
+            "chat": self.chat.export(), "embeddings": self.embeddings.export(),
+            "images": self.images.as_dict(), "store": self.store.export(),
         }
 
     @classmethod
@@ -191,17 +331,29 @@ class SimState:
 
     def load(self, data: dict) -> None:
         self.configure(**data["config"])
-        self.script = deque(data["script"])
-        version, internal, gauss = data["rng"]
-        self.rng.setstate((version, tuple(internal), gauss))
-        stats = data["stats"]
-        for key in ("requests", "ok", "dropped", "stalled", "duplicates", "max_concurrent"):
-            setattr(self, key, stats[key])
-        self.prompt_tokens = stats["prompt_tokens"]
-        self.completion_tokens = stats["completion_tokens"]
-        self.by_status = dict(stats["by_status"])
-        self.answered = set(stats["answered"])
-        self.log = [list(entry) for entry in stats["log"]]
+        self.scripts = {target: deque(data["scripts"].get(target, ()))
+                        for target in SCRIPT_TARGETS}
+        _rng_load(self.rng, data["rng"])
+        _rng_load(self.line_rng, data["line_rng"])
+        self.max_concurrent = data["max_concurrent"]
+        self.chat.load(data["chat"])
+        self.embeddings.load(data["embeddings"])
+        self.images.load(data["images"])
+        self.store.load(data["store"])
+
+
+def _rng_export(rng: random.Random) -> list:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _rng_load(rng: random.Random, data: list) -> None:
+    version, internal, gauss = data
+    rng.setstate((version, tuple(internal), gauss))
+
+
+# Admin commands that need the running server's event loop (they process batch lines).
+SERVER_COMMANDS = ("advance_batches", "expire_batches", "settle_batches")
 
 
 def control(state: SimState, name: str, payload: dict) -> dict:
@@ -209,8 +361,9 @@ def control(state: SimState, name: str, payload: dict) -> dict:
     if name == "stats":
         return state.stats(with_log=payload.get("log", True) not in (False, "0", "false"))
     if name == "script":
-        state.push_script(list(payload["outcomes"]))
-        return {"script_pending": len(state.script)}
+        target = payload.get("target", "requests")
+        state.push_script(list(payload["outcomes"]), target)
+        return {"script_pending": len(state.scripts[target])}
     if name == "configure":
         state.configure(**payload)
         return dict(state.config)
@@ -220,9 +373,15 @@ def control(state: SimState, name: str, payload: dict) -> dict:
     if name == "max_in_window":
         what = payload.get("what", "requests")
         return {"value": max_in_window(state.log, float(payload["window_s"]), what)}
+    if name == "batches":
+        return {"data": state.store.list_batches()}
+    if name == "files":
+        return {"data": state.store.list_files()}
     if name == "kill":
         state.killed = True
         return state.export() if payload.get("export", True) else {}
     if name == "health":
         return {"ok": True}
+    if name in SERVER_COMMANDS:
+        raise ValueError(f"{name} needs a running server")
     raise KeyError(f"unknown admin command {name!r}")

@@ -13,7 +13,16 @@ Example::
 """
 
 from ..simulator.endpoint import SimulatedEndpoint
+from ..simulator.images import data_uri, png_bytes
 from ..simulator.responders import EchoResponder, Responder, schema_instance
 from ..simulator.state import max_in_window
 
-__all__ = ["EchoResponder", "Responder", "SimulatedEndpoint", "max_in_window", "schema_instance"]
+__all__ = [
+    "EchoResponder",
+    "Responder",
+    "SimulatedEndpoint",
+    "data_uri",
+    "max_in_window",
+    "png_bytes",
+    "schema_instance",
+]

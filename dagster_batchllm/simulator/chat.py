@@ -1,0 +1,137 @@
+"""Chat and legacy completions: validate a request body and build its reply.
+
+Pure functions of (`Serving`, body): the online routes and the batch runner both call them,
+so a batch line gets the same answer as the same body sent online.
+
+Usage: prompt tokens are one per 4 characters of each message's text parts (rounded up) plus
+4 per message, plus `IMAGE_TOKENS` (85, OpenAI's low-detail cost) per image part; completion
+tokens are one per 4 characters of the reply, times ``n``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .images import IMAGE_TOKENS, ImagePart, parse_content
+from .protocol import Reject, Serving
+from .responders import prompt_text
+from .state import tokens
+
+DEFAULT_MAX_TOKENS = 256
+# A body cut mid-object, as a broken proxy would send it.
+MALFORMED_BODY = b'{"id": "chatcmpl-sim", "object": "chat.completion", "choices": [{"ind'
+BAD_STRUCTURED = '{"sim": "bad_structured", "value": '
+
+
+@dataclass
+class Generation:
+    """A validated chat or completions request and the reply it gets."""
+
+    body: dict
+    chat: bool
+    model: str
+    prompt_tokens: int
+    text: str
+    finish: str
+    n: int
+    images: list[ImagePart] = field(default_factory=list)
+    prompt: str = ""  # the last user message as the responder read it
+
+    malformed = MALFORMED_BODY
+
+    @property
+    def cost(self) -> int:
+        """Tokens charged to the rate-limit window: prompt plus the full reply."""
+        return self.prompt_tokens + tokens(self.text) * self.n
+
+    def render(self, serving: Serving, outcome: str = "ok") -> tuple[dict, dict | None]:
+        """The reply body for an outcome ("ok" or a broken-but-200 one), and the usage counted
+        for it (None when the body carries none)."""
+        text, finish = self.text, self.finish
+        if outcome == "empty":
+            text, finish = "", "stop"
+        elif outcome == "bad_structured":
+            text, finish = BAD_STRUCTURED, "stop"
+        completion_tokens = tokens(text) * self.n
+        payload = completion_payload(self.chat, f"{next(serving.ids)}", self.model, text, finish,
+                                     self.n, self.prompt_tokens, completion_tokens)
+        if outcome == "no_choices":
+            del payload["choices"], payload["usage"]
+            return payload, None
+        return payload, {"prompt_tokens": self.prompt_tokens,
+                         "completion_tokens": completion_tokens}
+
+
+def prepare_generation(serving: Serving, body: object, chat: bool) -> Generation:
+    """Validate a request and build its reply text (cut to max_tokens unless structured)."""
+    if not isinstance(body, dict):
+        raise Reject(400, "request body must be a JSON object")
+    model = serving.check_model(body.get("model"), embeddings=False)
+    if body.get("stream"):
+        raise Reject(400, "streaming not supported by the simulated endpoint")
+    config = serving.state.config
+    images: list[ImagePart] = []
+    if chat:
+        raw = body.get("messages")
+        if not isinstance(raw, list) or not raw or not all(isinstance(m, dict) for m in raw):
+            raise Reject(400, "'messages' must be a non-empty list of objects")
+        messages, prompt_tokens = [], 0
+        for message in raw:
+            role = message.get("role", "user")
+            content = parse_content(message.get("content"), role, config["max_image_bytes"])
+            messages.append({"role": role, "content": content.text})
+            images.extend(content.images)
+            prompt_tokens += tokens(content.token_text) + 4 + IMAGE_TOKENS * len(content.images)
+        params = {k: v for k, v in body.items() if k not in ("model", "messages")}
+    else:
+        prompt = body.get("prompt", "")
+        prompt = "\n".join(map(str, prompt)) if isinstance(prompt, list) else str(prompt)
+        messages = [{"role": "user", "content": prompt}]
+        prompt_tokens = tokens(prompt)
+        params = {k: v for k, v in body.items() if k not in ("model", "prompt")}
+    requested = body.get("max_completion_tokens")
+    if requested is None:
+        requested = body.get("max_tokens")
+    if requested is not None and (type(requested) is not int or requested < 0):
+        raise Reject(400, "max_tokens must be an integer")
+    limit = config["max_context_tokens"]
+    if limit and (prompt_tokens + (requested or 0) > limit or prompt_tokens >= limit):
+        asked = prompt_tokens + (requested or 0)
+        raise Reject(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{asked} tokens ({prompt_tokens} in the messages, {requested or 0} in the "
+            "completion). Please reduce the length of the messages or completion.",
+            "context_length_exceeded",
+        )
+    if requested is None:  # like vLLM: what is left of the context, capped by our default
+        requested = DEFAULT_MAX_TOKENS
+        if limit:
+            requested = min(requested, limit - prompt_tokens)
+    text = serving.responder.respond(model, messages, params)
+    fmt = body.get("response_format")
+    structured = isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object")
+    finish = "stop"
+    if not structured and tokens(text) > requested:
+        text, finish = text[: max(requested, 0) * 4], "length"
+    n = body.get("n") or 1
+    n = n if isinstance(n, int) and n > 0 else 1
+    return Generation(body, chat, model, prompt_tokens, text, finish, n, images,
+                      prompt_text(messages) if images else "")
+
+
+def completion_payload(chat: bool, serial: str, model: str, text: str, finish: str, n: int,
+                       prompt_tokens: int, completion_tokens: int) -> dict:
+    if chat:
+        kind, prefix = "chat.completion", "chatcmpl-sim"
+        choices = [{"index": i, "message": {"role": "assistant", "content": text},
+                    "finish_reason": finish, "logprobs": None} for i in range(n)]
+    else:
+        kind, prefix = "text_completion", "cmpl-sim"
+        choices = [{"index": i, "text": text, "finish_reason": finish, "logprobs": None}
+                   for i in range(n)]
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+             "total_tokens": prompt_tokens + completion_tokens}
+    return {"id": f"{prefix}{serial}", "object": kind, "created": int(time.time()),
+            "model": model, "choices": choices, "usage": usage}

@@ -1,0 +1,136 @@
+"""``POST /v1/embeddings``: deterministic vectors, validated as OpenAI and vLLM do.
+
+Each input text gets a vector seeded by its hash (SHAKE-256 of the UTF-8 text): the same text
+always gets the same vector, in every process. Vectors are L2-normalised float32 of
+``embedding_dimensions`` components; ``dimensions`` keeps the first components and
+re-normalises (a 400 above the model's size). ``encoding_format`` "float" (the default) sends
+numbers; "base64" sends the little-endian float32 bytes, base64-encoded, which is what the
+openai client asks for by default and decodes. ``embedding_base64=False`` refuses base64, so
+a client's fallback to floats can be tested.
+
+Usage: ``prompt_tokens`` (= ``total_tokens``) is one token per 4 characters of each input,
+rounded up. Validation (all 400s): token-id arrays, an empty input, more than
+``max_inputs_per_request`` inputs, and an input over the context limit, whose message names
+the input as ``input[i]`` so a client can split the request and fail only that row.
+
+The broken-but-200 faults read: "malformed" a body cut mid-JSON, "no_choices" no ``data``
+(nor usage), "empty" an empty ``data`` list, "bad_structured" vectors of half the size.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+import struct
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .protocol import Reject, Serving
+from .state import tokens
+
+MALFORMED_BODY = b'{"object": "list", "data": [{"object": "embedding", "ind'
+
+
+def _full_vector(text: str, size: int) -> tuple[float, ...]:
+    """Components in [-1, 1) from the text's hash, in float64 (normalised by the caller)."""
+    raw = hashlib.shake_256(text.encode("utf-8")).digest(4 * size)
+    return tuple(u / 2147483648.0 - 1.0 for u in struct.unpack(f"<{size}I", raw))
+
+
+@lru_cache(maxsize=4096)  # bytes, not floats: 4096 vectors of 384 are 6 MB
+def embedding_vector(text: str, dimensions: int, model_dimensions: int) -> bytes:
+    """The text's L2-normalised float32 vector as little-endian bytes."""
+    head = _full_vector(text, model_dimensions)[:dimensions]
+    norm = math.sqrt(sum(x * x for x in head)) or 1.0
+    return struct.pack(f"<{dimensions}f", *(x / norm for x in head))
+
+
+@dataclass
+class EmbeddingJob:
+    """A validated embeddings request."""
+
+    body: dict
+    model: str
+    inputs: list[str]
+    dimensions: int
+    model_dimensions: int
+    base64: bool
+    prompt_tokens: int
+
+    malformed = MALFORMED_BODY
+
+    @property
+    def cost(self) -> int:
+        return self.prompt_tokens
+
+    def render(self, serving: Serving, outcome: str = "ok") -> tuple[dict, dict | None]:
+        """The reply body for an outcome, and the usage counted for it (see `Generation`)."""
+        size = self.dimensions // 2 if outcome == "bad_structured" else self.dimensions
+        data = []
+        for index, text in enumerate(self.inputs):
+            packed = embedding_vector(text, self.dimensions, self.model_dimensions)[: 4 * size]
+            vector = (base64.b64encode(packed).decode() if self.base64
+                      else list(struct.unpack(f"<{size}f", packed)))
+            data.append({"object": "embedding", "index": index, "embedding": vector})
+        usage = {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens}
+        payload = {"object": "list", "data": data, "model": self.model, "usage": usage}
+        if outcome == "no_choices":  # like chat's: neither the vectors nor usage
+            del payload["data"], payload["usage"]
+            return payload, None
+        if outcome == "empty":
+            payload["data"] = []
+        return payload, {"prompt_tokens": self.prompt_tokens, "inputs": len(self.inputs)}
+
+
+def prepare_embeddings(serving: Serving, body: object) -> EmbeddingJob:
+    if not isinstance(body, dict):
+        raise Reject(400, "request body must be a JSON object")
+    model = serving.check_model(body.get("model"), embeddings=True)
+    config = serving.state.config
+    inputs = _inputs(body.get("input"), int(config["max_inputs_per_request"]))
+    model_dimensions = int(config["embedding_dimensions"])
+    dimensions = body.get("dimensions")
+    if dimensions is None:
+        dimensions = model_dimensions
+    elif type(dimensions) is not int or not 1 <= dimensions <= model_dimensions:
+        raise Reject(400, f"dimensions must be an integer from 1 to {model_dimensions} for "
+                          f"model `{model}`, got {dimensions!r}", "invalid_value", "dimensions")
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise Reject(400, f"encoding_format must be 'float' or 'base64', got {encoding!r}",
+                     "invalid_value", "encoding_format")
+    if encoding == "base64" and not config["embedding_base64"]:
+        raise Reject(400, "encoding_format base64 not supported", "invalid_value",
+                     "encoding_format")
+    limit = config["embedding_max_context_tokens"] or config["max_context_tokens"]
+    counts = [tokens(text) for text in inputs]
+    for index, count in enumerate(counts):
+        if limit and count > limit:
+            raise Reject(400, f"input[{index}] has {count} tokens, over this model's maximum "
+                              f"context length of {limit} tokens. Please reduce the length of "
+                              "the input.", "context_length_exceeded", "input")
+    return EmbeddingJob(body, model, inputs, dimensions, model_dimensions, encoding == "base64",
+                        sum(counts))
+
+
+def _inputs(raw: object, max_inputs: int) -> list[str]:
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        raise Reject(400, "'input' must be a string or a non-empty array of strings",
+                     "invalid_value", "input")
+    if not all(isinstance(item, str) for item in raw):
+        if all(isinstance(item, (int, list)) for item in raw):
+            raise Reject(400, "token-id arrays are not supported by the simulated endpoint; "
+                              "send strings", "invalid_value", "input")
+        raise Reject(400, "'input' must be a string or an array of strings", "invalid_value",
+                     "input")
+    if len(raw) > max_inputs:
+        raise Reject(400, f"too many inputs: {len(raw)}, at most {max_inputs} per request",
+                     "invalid_value", "input")
+    for index, text in enumerate(raw):
+        if not text:
+            raise Reject(400, f"input[{index}] is empty; inputs must be non-empty strings",
+                         "invalid_value", "input")
+    return raw
