@@ -16,8 +16,10 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import hashlib
 import json
+import numbers
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +66,9 @@ class InferenceCall:
     response_format: Mapping[str, Any] | None = _field(
         None, "A JSON schema (or an OpenAI response_format): replies are parsed and validated "
         "per row.")
+    cells_as_text: bool = _field(
+        False, "Render numbers, booleans, timestamps and UTF-8 bytes in prompt cells as text; "
+        "by default such a cell is a per-row error (it is usually the wrong column).")
     token_budget: int | None = _field(
         None, "Most tokens this call may spend; rows past it are deferred to a later call.")
     scope: str = _field("", "The ledger scope of the rows (an asset's key).")
@@ -90,18 +95,16 @@ class InferenceCall:
             if text is not None:
                 check_template(text, what)
         if self.max_tokens is not None:
-            if int(self.max_tokens) < 1:
-                raise InferenceConfigError("max_tokens must be at least 1.")
-            set_(self, "max_tokens", int(self.max_tokens))
+            set_(self, "max_tokens", checked_param("max_tokens", self.max_tokens))
         if self.temperature is not None:
-            set_(self, "temperature", float(self.temperature))
+            set_(self, "temperature", checked_param("temperature", self.temperature))
         params = {k: v for k, v in dict(self.generation_params or {}).items() if v is not None}
         unknown = [k for k in params if k not in GENERATION_PARAMS and not k.startswith("extra_")]
         if unknown:
             raise InferenceConfigError(
                 f"Unknown generation parameter(s) {unknown}; supported: {list(GENERATION_PARAMS)}."
             )
-        set_(self, "generation_params", params)
+        set_(self, "generation_params", {k: checked_param(k, v) for k, v in params.items()})
         set_(self, "response_format", normalize_response_format(self.response_format))
         set_(self, "scope", self.scope or "")
         set_(self, "partition_key", self.partition_key or "")
@@ -202,7 +205,38 @@ class InferenceCall:
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(InferenceCall))
 # The fields that shape what is sent (the others say where answers go and what to spend).
 _SENT_FIELDS = ("prompt", "prompt_column", "messages_column", "system", "model", "model_column",
-                "max_tokens", "temperature", "generation_params", "response_format")
+                "max_tokens", "temperature", "generation_params", "response_format",
+                "cells_as_text")
+
+
+_INTEGER_PARAMS = frozenset({"max_tokens", "seed", "n"})
+_REAL_PARAMS = frozenset({"temperature", "top_p", "presence_penalty", "frequency_penalty"})
+
+
+def checked_param(name: str, value: Any) -> Any:
+    """A generation parameter in the type the OpenAI API takes, or a clear error: no
+    ``max_tokens="128"`` or ``12.7`` passing silently as something else."""
+    if name in _INTEGER_PARAMS:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise InferenceConfigError(
+                f"{name} must be a whole number, got {type(value).__name__} {value!r}.")
+        if name != "seed" and int(value) < 1:
+            raise InferenceConfigError(f"{name} must be at least 1.")
+        return int(value)
+    if name in _REAL_PARAMS:
+        # Decimal: SQL literals such as 0.7 arrive as DECIMAL from DuckDB and Spark.
+        if isinstance(value, bool) or not isinstance(value, numbers.Real | decimal.Decimal):
+            raise InferenceConfigError(
+                f"{name} must be a number, got {type(value).__name__} {value!r}.")
+        return float(value)
+    if name == "stop" and not (isinstance(value, str) or (
+            isinstance(value, list | tuple) and all(isinstance(s, str) for s in value))):
+        raise InferenceConfigError(f"stop must be a string or a list of strings, got {value!r}.")
+    if name == "user" and not isinstance(value, str):
+        raise InferenceConfigError(f"user must be a string, got {type(value).__name__}.")
+    if name == "logit_bias" and not isinstance(value, Mapping):
+        raise InferenceConfigError("logit_bias must be a mapping of token ids to biases.")
+    return list(value) if name == "stop" and not isinstance(value, str) else value
 
 
 def literal_template(text: str) -> str:

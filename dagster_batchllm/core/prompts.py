@@ -63,18 +63,20 @@ def iter_row_requests(
     if spec.response_format is not None:
         params["response_format"] = spec.response_format
     max_tokens = int(params["max_tokens"])
+    as_text = spec.cells_as_text
     for row in rows:
         try:
             if spec.messages_column is not None:
                 messages = _messages_from_cell(row[position[spec.messages_column]])
             else:
                 if spec.prompt is not None:
-                    text = _render(spec.prompt, fields, row, position)
+                    text = _render(spec.prompt, fields, row, position, as_text)
                 else:
-                    text = _cell_text(row[position[spec.prompt_column]], spec.prompt_column)
+                    text = _cell_text(row[position[spec.prompt_column]], spec.prompt_column,
+                                      as_text)
                 messages = [{"role": "user", "content": text}]
                 if spec.system:
-                    system = _render(spec.system, system_fields, row, position)
+                    system = _render(spec.system, system_fields, row, position, as_text)
                     messages.insert(0, {"role": "system", "content": system})
             model = spec.model if spec.model is not None else _cell_text(
                 row[position[spec.model_column]], spec.model_column
@@ -111,8 +113,9 @@ def make_request(
     )
 
 
-def _render(template: str, fields: list[str], row: tuple, position: dict[str, int]) -> str:
-    values = {name: _cell_text(row[position[name]], name) for name in fields}
+def _render(template: str, fields: list[str], row: tuple, position: dict[str, int],
+            as_text: bool) -> str:
+    values = {name: _cell_text(row[position[name]], name, as_text) for name in fields}
     try:
         text = template.format_map(values)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
@@ -122,34 +125,52 @@ def _render(template: str, fields: list[str], row: tuple, position: dict[str, in
     return text
 
 
-def _cell_text(value: Any, column: str) -> str:
+def _cell_text(value: Any, column: str, as_text: bool = False) -> str:
+    """A cell as prompt text. Only text is text unless the call says ``cells_as_text``: a
+    number or a byte string where a prompt expected text is usually the wrong column."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         raise InvalidInputError(f"column '{column}' is null")
     if isinstance(value, str):
         text = value
+    elif _is_missing(value) or _is_na(value):
+        raise InvalidInputError(f"column '{column}' is null")
+    elif not _has_text_form(value):
+        raise InvalidInputError(f"column '{column}' holds a {type(value).__name__}, not text")
+    elif not as_text:
+        raise InvalidInputError(
+            f"column '{column}' holds {_kind_of(value)}, not text; convert the column "
+            f"(df['{column}'].astype(str)) or pass cells_as_text=True")
     elif isinstance(value, bytes | bytearray):
         try:
             text = bytes(value).decode("utf-8")
         except UnicodeDecodeError:
             raise InvalidInputError(f"column '{column}' holds bytes that are not UTF-8") from None
-    elif isinstance(value, bool | int | float) or type(value).__module__ == "numpy":
-        if _is_missing(value):
-            raise InvalidInputError(f"column '{column}' is null")
-        text = str(value)
     else:
-        try:
-            import pandas as pd
-
-            if pd.isna(value) is True:
-                raise InvalidInputError(f"column '{column}' is null")
-        except (TypeError, ValueError):
-            pass
-        raise InvalidInputError(
-            f"column '{column}' holds a {type(value).__name__}, not text"
-        )
+        text = str(value)
     if not text.strip():
         raise InvalidInputError(f"column '{column}' is empty")
     return text
+
+
+def _has_text_form(value: Any) -> bool:
+    """Numbers, booleans, timestamps and bytes, which ``cells_as_text`` may render."""
+    return (isinstance(value, bytes | bytearray | bool | int | float)
+            or type(value).__module__ == "numpy" or hasattr(value, "isoformat"))
+
+
+def _kind_of(value: Any) -> str:
+    if isinstance(value, bytes | bytearray):
+        return "bytes"
+    return f"a {type(value).__name__}"
+
+
+def _is_na(value: Any) -> bool:
+    try:
+        import pandas as pd
+
+        return pd.isna(value) is True
+    except (TypeError, ValueError):
+        return False
 
 
 def _is_missing(value: Any) -> bool:

@@ -68,19 +68,34 @@ def test_bad_cells_become_row_errors_and_no_row_is_dropped(sim, make_client):
         assert errors[case] == "invalid_input: column 'text' is empty", case
     assert errors["dict"] == "invalid_input: column 'text' holds a dict, not text"
     assert errors["list"] == "invalid_input: column 'text' holds a list, not text"
+    # A number or bytes where a prompt expected text is usually the wrong column: an error that
+    # says how to convert, unless the call asks for cells_as_text (below). Braces in data are
+    # data, never template syntax.
+    for case, kind in (("bad_bytes", "bytes"), ("int", "a int"), ("float", "a float"),
+                       ("bool", "a bool"), ("utf8_bytes", "bytes")):
+        assert errors[case] == (
+            f"invalid_input: column 'text' holds {kind}, not text; convert the column "
+            "(df['text'].astype(str)) or pass cells_as_text=True"), case
+    assert out.loc["braces", "out"] == "[sim] Echo keep {these} {{braces}} and {0} }{"
+    assert out.loc["format_spec", "out"] == "[sim] Echo {text!r:>10}"
+    assert out.loc["normal", "out"] == "[sim] Echo a normal sentence"
+    assert result.stats.failed == 14 and result.stats.succeeded == 3
+
+    converted = infer(make_client(sim), df, cells_as_text=True)
+    assert_every_row_has_one_outcome(converted, df)
+    out, errors = converted.df, converted.df["out_error"]
     assert errors["bad_bytes"] == "invalid_input: column 'text' holds bytes that are not UTF-8"
-    # Numbers and UTF-8 bytes are text enough; braces in data are data, never template syntax.
+    assert errors["dict"] == "invalid_input: column 'text' holds a dict, not text"
     assert out.loc["int", "out"] == "[sim] Echo 42"
     assert out.loc["float", "out"] == "[sim] Echo 2.5"
     assert out.loc["bool", "out"] == "[sim] Echo True"
     assert out.loc["utf8_bytes", "out"] == "[sim] Echo café"
-    assert out.loc["braces", "out"] == "[sim] Echo keep {these} {{braces}} and {0} }{"
-    assert out.loc["format_spec", "out"] == "[sim] Echo {text!r:>10}"
-    assert out.loc["normal", "out"] == "[sim] Echo a normal sentence"
-    assert result.stats.failed == 10 and result.stats.succeeded == 7
-    assert result.stats.errors_by_type == {"invalid_input": 10}
-    # Bad rows never reach the server.
-    assert sim.stats(log=False)["requests"] == 7
+    assert converted.stats.failed == 10 and converted.stats.succeeded == 7
+    assert result.stats.errors_by_type == {"invalid_input": 14}
+    assert converted.stats.errors_by_type == {"invalid_input": 10}
+    # Bad rows never reach the server: 3 requests, then the 4 converted cells (the other 3
+    # were answered already).
+    assert sim.stats(log=False)["requests"] == 3 + 4
 
 
 def test_bad_prompt_column_and_messages_cells_are_row_errors(sim, make_client):

@@ -54,3 +54,35 @@ def test_bind_fills_the_default_model_and_checks_columns_and_models():
 def test_a_literal_template_renders_to_itself():
     text = "Answer in JSON like {\"label\": ...}"
     assert literal_template(text).format() == text
+
+
+@pytest.mark.parametrize(("name", "value", "match"), [
+    ("max_tokens", "128", "max_tokens must be a whole number, got str"),
+    ("max_tokens", 12.7, "max_tokens must be a whole number, got float"),
+    ("max_tokens", True, "max_tokens must be a whole number, got bool"),
+    ("max_tokens", 0, "max_tokens must be at least 1"),
+    ("temperature", "0.2", "temperature must be a number, got str"),
+    ("top_p", None, None),
+    ("seed", 1.5, "seed must be a whole number"),
+    ("stop", 3, "stop must be a string or a list of strings"),
+])
+def test_generation_parameters_are_checked_with_their_types(name, value, match):
+    fields = {name: value} if name in ("max_tokens", "temperature") else {
+        "generation_params": {name: value}}
+    if match is None:
+        InferenceCall.of(BASE, **fields)
+        return
+    with pytest.raises(InferenceConfigError, match=match):
+        InferenceCall.of(BASE, **fields)
+
+
+def test_numbers_from_sql_arrive_in_the_api_types():
+    import decimal
+
+    import numpy as np
+
+    call = InferenceCall.of(BASE, max_tokens=np.int64(64), temperature=decimal.Decimal("0.5"),
+                            generation_params={"seed": np.int32(3), "stop": ("\n",)})
+    assert call.request_params == {"max_tokens": 64, "temperature": 0.5, "seed": 3,
+                                   "stop": ["\n"]}
+    assert type(call.request_params["max_tokens"]) is int
