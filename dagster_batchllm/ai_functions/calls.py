@@ -30,7 +30,7 @@ from ..core.call import (
     literal_template,
     normalize_response_format,
 )
-from ..core.errors import InferenceConfigError, RowError
+from ..core.errors import ErrorType, InferenceConfigError, RowError
 from .schemas import to_json_schema, type_from_schema
 from .types import STRING, SQLType, parse_type, struct
 
@@ -53,6 +53,10 @@ class BoundCall:
     result_type: SQLType = STRING
     fail_on_error: bool = True
     reader: Reader | None = None  # engine output -> SQL value; raises RowError to fail the row
+    # A reply that cannot be read as the result (not JSON, not the schema, a label not offered)
+    # is NULL rather than a row error: Databricks' ai_classify and ai_analyze_sentiment return
+    # NULL when they cannot classify. Errors of the request itself still fail the row.
+    null_when_unreadable: bool = False
 
     @cached_property
     def request_id(self) -> str:
@@ -237,9 +241,20 @@ def _parse(function: str, text: str, name: str) -> SQLType:
         raise InferenceConfigError(f"{function}: {exc}") from None
 
 
+_UNREADABLE = f"{ErrorType.STRUCTURED_OUTPUT.value}:"
+
+
 def read_outcome(call: BoundCall, raw: tuple[Any, str | None]) -> tuple[Any, str | None]:
     """A row's (value, error) as SQL sees it: the reader takes the value out of the parsed
-    reply; a reply it cannot read becomes the row's error."""
+    reply; a reply it cannot read becomes the row's error, or NULL for a call whose
+    ``null_when_unreadable`` is set (see :class:`BoundCall`)."""
+    value, error = _read(call, raw)
+    if error is not None and call.null_when_unreadable and error.startswith(_UNREADABLE):
+        return None, None
+    return value, error
+
+
+def _read(call: BoundCall, raw: tuple[Any, str | None]) -> tuple[Any, str | None]:
     output, error = raw
     if error is not None or output is None or call.reader is None:
         return output, error
@@ -248,4 +263,13 @@ def read_outcome(call: BoundCall, raw: tuple[Any, str | None]) -> tuple[Any, str
     except RowError as exc:
         return None, exc.as_cell()
     except (KeyError, TypeError, ValueError) as exc:
-        return None, f"invalid_structured_output: {type(exc).__name__}: {exc}"
+        return None, f"{_UNREADABLE} {type(exc).__name__}: {exc}"
+
+
+def sendable(text: Any) -> bool:
+    """Whether a row's text is sent: SQL NULL and text that is empty or only whitespace are
+    not (the row's result is NULL), as Databricks documents NULL in, NULL out; a model has
+    nothing to answer in a blank request, which the endpoint would refuse."""
+    if isinstance(text, str):
+        return bool(text.strip())
+    return text is not None and text == text  # pandas' NaN, not equal to itself, is NULL

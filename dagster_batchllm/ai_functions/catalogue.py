@@ -24,11 +24,12 @@ Example::
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
+from ..core.errors import InferenceConfigError
 from .calls import (
     BoundCall,
     as_bool,
@@ -45,6 +46,7 @@ from .schemas import coerce_reply
 from .types import FLOAT, STRING, SQLType, struct
 
 REQUIRED = object()
+T = TypeVar("T")
 
 # Families of DuckDB types an argument accepts (checked on ``typeof(argument)``).
 TEXT, INTEGER, BOOLEAN, LABELS, OBJECT = "STRING", "INTEGER", "BOOLEAN", "ARRAY<STRING>", "STRUCT"
@@ -113,6 +115,7 @@ def _object_schema(**properties: Any) -> dict[str, Any]:
 
 # -- ai_query -----------------------------------------------------------------------------------
 def _ai_query_type(o: Mapping[str, Any]) -> SQLType:
+    check_not_legacy(o)
     fmt_type = response_format("ai_query", o.get("responseFormat"))[1]
     result = fmt_type or return_type("ai_query", o.get("returnType")) or STRING
     fail = as_bool("ai_query", "failOnError", o.get("failOnError"), True)
@@ -120,6 +123,7 @@ def _ai_query_type(o: Mapping[str, Any]) -> SQLType:
 
 
 def _bind_ai_query(o: Mapping[str, Any]) -> BoundCall:
+    check_not_legacy(o)
     fmt, fmt_type = response_format("ai_query", o["responseFormat"])
     declared = return_type("ai_query", o["returnType"])
     reader = None
@@ -133,6 +137,60 @@ def _bind_ai_query(o: Mapping[str, Any]) -> BoundCall:
         fail_on_error=as_bool("ai_query", "failOnError", o["failOnError"], True),
         reader=reader,
     )
+
+
+def legacy_options(function: AIFunction, rest: Sequence[T], key_of: Callable[[T], Any]
+                   ) -> dict[str, T] | None:
+    """The options of the older ``ai_query`` form, or None when ``rest`` is not written so.
+
+    Databricks' earlier reference page documents ``ai_query(endpointName, request[, param1,
+    value1] [...])``, as in ``ai_query('qa_bot', prompt, 'returnType', 'STRING')``: name/value
+    pairs after the request, the names case-sensitive string literals. ``rest`` is the arguments
+    after the request as written, ``key_of`` a string literal's value (None for anything else).
+    The forms cannot be confused: no type string is named ``returnType``. Raises
+    :class:`InferenceConfigError` for pairs that are malformed.
+    """
+    if function.name != "ai_query" or not rest:
+        return None
+    names = [p.name for p in function.option_params]
+    first = key_of(rest[0])
+    if not isinstance(first, str) or first.lower() not in (n.lower() for n in names):
+        return None
+    if len(rest) % 2:
+        raise InferenceConfigError(
+            f"ai_query: the name/value pairs after the request are uneven; the name "
+            f"{key_of(rest[-1])!r} has no value. Write ai_query(endpoint, request, "
+            "'returnType', 'STRING') or, as Databricks' current form does, returnType => "
+            "'STRING'.")
+    options: dict[str, T] = {}
+    for key_argument, value in zip(rest[::2], rest[1::2], strict=True):
+        key = key_of(key_argument)
+        if key not in names:
+            close = [n for n in names if isinstance(key, str) and n.lower() == key.lower()]
+            raise InferenceConfigError(
+                f"ai_query: {key!r} is not a parameter name for the name/value pairs after "
+                + (f"the request (names are case-sensitive: write {close[0]!r})." if close else
+                   f"the request; names: {names}."))
+        if key in options:
+            raise InferenceConfigError(f"ai_query: argument '{key}' is given twice.")
+        options[key] = value
+    return options
+
+
+def check_not_legacy(options: Mapping[str, Any]) -> None:
+    """Refuse the older name/value form where an engine reads arguments by position only.
+
+    DuckDB and SQLite SQL pass ``ai_query``'s options by position (or by DuckDB name), so
+    ``ai_query(e, r, 'returnType', 'STRING')`` would read 'returnType' as the returnType.
+    """
+    named = options.get("returnType")
+    if isinstance(named, str) and named.lower() in {p.name.lower() for p in
+                                                   AI_QUERY.option_params}:
+        raise InferenceConfigError(
+            f"ai_query: {named!r} in the returnType position is the older Databricks form "
+            "ai_query(endpoint, request, 'returnType', 'STRING') (name/value pairs). Run the "
+            "query with dialect='databricks', which reads the pairs, or write the option by "
+            "name: returnType := 'STRING' in DuckDB, the type as the third argument in SQLite.")
 
 
 AI_QUERY = AIFunction(
@@ -165,6 +223,7 @@ def _bind_classify(o: Mapping[str, Any]) -> BoundCall:
                 f"{json.dumps(list(labels), ensure_ascii=False)}. Answer in JSON."),
         response_format=_object_schema(label={"type": "string", "enum": list(labels)}),
         reader=partial(_field, "label"),
+        null_when_unreadable=True,  # documented: NULL when the content cannot be classified
     )
 
 
@@ -183,6 +242,7 @@ def _bind_extract(o: Mapping[str, Any]) -> BoundCall:
         response_format=_object_schema(**{label: {"type": ["string", "null"]}
                                            for label in labels}),
         result_type=_extract_type(o),
+        null_when_unreadable=True,  # undocumented; NULL, apart from a STRUCT of NULL fields
     )
 
 
@@ -196,6 +256,7 @@ def _bind_sentiment(o: Mapping[str, Any]) -> BoundCall:
                 "neutral or mixed. Answer in JSON."),
         response_format=_object_schema(sentiment={"type": "string", "enum": _SENTIMENTS}),
         reader=partial(_field, "sentiment"),
+        null_when_unreadable=True,  # documented: NULL when the sentiment cannot be detected
     )
 
 
@@ -233,6 +294,7 @@ def _bind_similarity(o: Mapping[str, Any]) -> BoundCall:
         response_format=_object_schema(score={"type": "number", "minimum": 0, "maximum": 1}),
         result_type=FLOAT,
         reader=_score,
+        null_when_unreadable=True,  # undocumented; as the other functions that read JSON
     )
 
 

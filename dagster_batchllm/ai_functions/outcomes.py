@@ -3,7 +3,8 @@
 A row's outcome is ``(value, error)``. With ``failOnError`` true (the default, as in Databricks)
 any row error fails the whole query with :class:`AIQueryError`; the rows answered before it stay
 in the ledger, so the rerun sends only what failed. With ``failOnError`` false every row gets
-``{"result": value, "errorMessage": error}`` and the query goes on.
+``{"result": value, "errorMessage": error}`` and the query goes on. The other AI functions have
+no ``failOnError``: a failed request fails the query, an unreadable reply is NULL.
 
 Example::
 
@@ -39,13 +40,21 @@ def with_error(value: Any, error: str | None) -> str:
 
 
 def failure(function: str, errors: list[str], rows: int) -> AIQueryError:
-    hint = ("pass failOnError => false (Databricks SQL), failOnError := false (DuckDB) or a "
-            "false fourth argument (SQLite) to get the errors as data"
-            if function == "ai_query" else
-            "use ai_query(..., failOnError => false) (DuckDB: failOnError := false) to get the "
-            "errors as data")
+    """The error a query fails with when rows of ``function`` failed.
+
+    ``ai_query`` fails because its ``failOnError`` is true; the other AI functions have no
+    such argument (as in Databricks), so the message does not offer one. Their replies that
+    cannot be read are NULL, not failures (see ``BoundCall.null_when_unreadable``): what fails
+    them is the request itself (an HTTP error after retries, a prompt over the context length).
+    """
+    kept = "Answered rows are kept in the ledger, so a rerun sends only the failed ones"
+    if function == "ai_query":
+        return AIQueryError(
+            f"ai_query failed for {len(errors)} of the {rows} rows in a batch (failOnError is "
+            f"true); first error: {errors[0]}. {kept}; pass failOnError => false (Databricks "
+            "SQL), failOnError := false (DuckDB) or a false fourth argument (SQLite) to get "
+            "the errors as data.")
     return AIQueryError(
-        f"{function} failed for {len(errors)} of the {rows} rows in a batch (failOnError is "
-        f"true); first error: {errors[0]}. Answered rows are kept in the ledger, so a rerun "
-        f"sends only the failed ones; {hint}."
-    )
+        f"{function} failed for {len(errors)} of the {rows} rows in a batch; first error: "
+        f"{errors[0]}. {function} has no failOnError argument (as in Databricks): a request "
+        f"that fails fails the query, while a reply that cannot be read is NULL. {kept}.")

@@ -24,19 +24,23 @@ Result types:
   ``from_json(ai_extract(t, array('person', 'place')), 'person STRING, place STRING')``.
 * ``ai_similarity``: DOUBLE, from 0 to 1.
 
-NULL content (either text of ``ai_similarity``) gives NULL without a request. Option arguments
-(``max_words``, ``labels``, ``to_lang``) must be constants; they are checked while the query is
-analysed, before any task starts. A row that fails fails the task (Databricks' AI functions have
-no ``failOnError``) after the batch's answered rows are written to the ledger, so a rerun sends
-only the failed rows; use ``ai_query(..., failOnError => false)`` to get errors as data.
+NULL content, or content that is empty or only whitespace (either text of ``ai_similarity``),
+gives NULL without a request. Option arguments (``max_words``, ``labels``, ``to_lang``) must be
+constants; they are checked while the query is analysed, before any task starts. A reply that
+cannot be read (``ai_classify``, ``ai_analyze_sentiment``, ``ai_extract``, ``ai_similarity`` ask
+for JSON) is NULL, as Databricks documents for the first two. A request that fails fails the
+task (Databricks' AI functions have no ``failOnError``) after the batch's answered rows are
+written to the ledger, so a rerun sends only the failed rows.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from ..ai_functions.calls import sendable
 from ..ai_functions.catalogue import AI_FUNCTIONS, REQUIRED, AIFunction, read_result
 from ..ai_functions.outcomes import failure
 from ..core.errors import InferenceConfigError
@@ -164,7 +168,8 @@ def run_function(job: SparkJob, name: str, default_model: str | None,
     n = len(texts[0])
     call = function.bind({p.name: _option(arguments.get(p.name))
                           for p in function.option_params})
-    present = pd.concat([t.notna() for t in texts], axis=1).all(axis=1).to_numpy()
+    columns = [t.tolist() for t in texts]
+    present = np.array([all(sendable(c[i]) for c in columns) for i in range(n)], dtype=bool)
     values: list[Any] = [None] * n
     if present.any():
         endpoints = arguments.get("endpoint")
@@ -172,7 +177,6 @@ def run_function(job: SparkJob, name: str, default_model: str | None,
                   [job.model_for(m) if isinstance(m, str) else default_model
                    for m in endpoints.tolist()])
         rows = present.nonzero()[0]
-        columns = [t.tolist() for t in texts]
         frame = pd.DataFrame({
             MODEL_COLUMN: [models[i] for i in rows],
             PROMPT_COLUMN: [function.render(*(c[i] for c in columns)) for i in rows],

@@ -6,8 +6,11 @@ Python UDF has one fixed type, so ``ai_query`` is registered with a function *bu
 calls while it analyses each query: it reads the constant arguments, checks them (an unserved
 model, a non-constant ``failOnError`` or a ``returnType`` other than STRING fail the query before
 any task starts) and hands the call to one of two pandas UDFs, the STRING one or the STRUCT one.
-Spark calls the builder through py4j's callback server (see :mod:`.builders`); so this needs a
-classic SparkSession (not Spark Connect).
+The older form of Databricks' earlier reference page, options as name/value pairs
+(``ai_query('qa_bot', prompt, 'returnType', 'STRING')``), is read as named options. A request
+that is NULL, empty or only whitespace gives NULL without being sent. Spark calls the builder
+through py4j's callback server (see :mod:`.builders`); so this needs a classic SparkSession (not
+Spark Connect).
 
 Both UDFs are nondeterministic to Spark, which keeps the optimizer from evaluating one
 ``ai_query`` twice (for a filter pushed below the projection, say) and sending its rows twice.
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from ..ai_functions.catalogue import AI_QUERY, legacy_options
 from ..core.errors import InferenceConfigError
 from . import functions, worker
 from .builders import register_builder
@@ -92,21 +96,33 @@ class AIQueryBuilder:
         self.as_struct = as_struct
 
     def apply(self, expressions: Any) -> Any:
-        arguments = _arguments(expressions)
+        arguments, pairs = _arguments(expressions)
         fail_on_error = _check(self.ai, arguments)
         chosen = self.as_text if fail_on_error else self.as_struct
+        if pairs:  # the UDF reads its options by position or name: hand them over by name
+            expressions = _named_arguments(self.ai.spark, arguments)
         return chosen.builder(expressions)
 
     class Java:
         implements = ["scala.Function1"]
 
 
-def _arguments(expressions: Any) -> dict[str, Any]:
-    """Argument name -> expression, for positional and ``name => value`` arguments alike."""
+def _arguments(expressions: Any) -> tuple[dict[str, Any], bool]:
+    """Argument name -> expression, for positional and ``name => value`` arguments alike, and
+    whether the options came as the older form's name/value pairs (``'returnType',
+    'STRING'``, see :func:`~dagster_batchllm.ai_functions.catalogue.legacy_options`)."""
+    given = [expressions.apply(i) for i in range(expressions.length())]
     arguments: dict[str, Any] = {}
-    for i in range(expressions.length()):
-        expr = expressions.apply(i)
-        if expr.getClass().getSimpleName() == "NamedArgumentExpression":
+    rest = given[2:]
+    pairs = None
+    if len(given) >= 2 and not any(_is_named(e) for e in given):
+        pairs = legacy_options(AI_QUERY, rest, _literal_text)
+    if pairs is not None:
+        arguments.update(zip(("endpoint", "request"), given[:2], strict=True))
+        arguments.update(pairs)
+        return arguments, True
+    for i, expr in enumerate(given):
+        if _is_named(expr):
             name = str(expr.key())
             if name not in PARAMETERS:
                 raise InferenceConfigError(
@@ -119,7 +135,29 @@ def _arguments(expressions: Any) -> dict[str, Any]:
     for required in ("endpoint", "request"):
         if required not in arguments:
             raise InferenceConfigError(f"ai_query needs '{required}': {SIGNATURE}.")
-    return arguments
+    return arguments, False
+
+
+def _is_named(expression: Any) -> bool:
+    return expression.getClass().getSimpleName() == "NamedArgumentExpression"
+
+
+def _literal_text(expression: Any) -> str | None:
+    """A constant STRING argument's value, else None."""
+    if not expression.foldable() or expression.dataType().typeName() != "string":
+        return None
+    value = _constant(expression)
+    return value if isinstance(value, str) else None
+
+
+def _named_arguments(spark: Any, arguments: dict[str, Any]) -> Any:
+    """The Scala ``Seq`` of expressions for the UDF: endpoint and request, the options named."""
+    jvm = spark._jvm
+    named = jvm.org.apache.spark.sql.catalyst.expressions.NamedArgumentExpression
+    items = jvm.java.util.ArrayList()
+    for name, expression in arguments.items():
+        items.add(expression if name in ("endpoint", "request") else named(name, expression))
+    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(items).toSeq()
 
 
 def _check(ai: SparkAI, arguments: dict[str, Any]) -> bool:

@@ -30,8 +30,10 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from ..ai_functions.calls import sendable
 from ..ai_functions.outcomes import AIQueryError
 from ..core.call import InferenceCall
 from ..core.client import InferenceClient
@@ -82,7 +84,7 @@ def run_scalar(job: SparkJob, struct: bool, models: pd.Series, prompts: pd.Serie
     """
     n = len(prompts)
     job = _with_sql_options(job, model_parameters, response_format)
-    present = prompts.notna().to_numpy()
+    present = np.fromiter((sendable(p) for p in prompts), dtype=bool, count=n)
     outputs: list[Any] = [None] * n
     errors: list[str | None] = [None] * n
     if present.any():

@@ -26,11 +26,15 @@ to_lang)``, ``ai_fix_grammar(content)``, ``ai_mask(content, labels)``, ``ai_gen(
 Calls are batched: DuckDB passes whole vectors (see :mod:`.duckdb_engine`); on SQLite run
 statements through :func:`execute` (see :mod:`.sqlite_engine` for the two-pass plan). Identical
 requests are sent once, and answers already in the ledger are not sent again, so rerunning a
-query sends nothing new. NULL inputs give NULL without a request.
+query sends nothing new. NULL inputs, and text that is empty or only whitespace, give NULL
+without a request. ``ai_classify``, ``ai_analyze_sentiment``, ``ai_extract`` and
+``ai_similarity`` ask the model for JSON: a reply they cannot read is NULL for that row (as
+Databricks documents for the first two), not a failed query.
 
 Databricks SQL runs as written with ``execute(con, query, dialect="databricks")``: sqlglot
 translates it for the engine, and what cannot be translated faithfully is refused before anything
-is sent (see :mod:`.dialects`).
+is sent (see :mod:`.dialects`). :mod:`.documented` holds Databricks' documented examples, which
+``bench/sql_compat.py`` runs on every engine.
 """
 
 from ..ai_functions.catalogue import FUNCTIONS

@@ -17,19 +17,31 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from functools import cache
 
 from sqlglot import exp
 
-from ..ai_functions.catalogue import FUNCTIONS, REQUIRED, AIFunction
+from ..ai_functions.catalogue import FUNCTIONS, REQUIRED, AIFunction, legacy_options
 from .dialect_names import DIALECT_NAMES as NAMES
 from .patterns import java_to_re2_pattern, java_to_re2_replacement, like_to_glob
 
 
 def check(tree, read: str, write: str) -> Iterator[tuple[exp.Expression, str]]:
     """Every construct of ``tree`` that cannot be written for ``write`` faithfully, and why."""
+    placeholders: set[str] = set()  # each named once, where it first appears
     for node in tree.walk():
+        if isinstance(node, exp.Parameter):  # ${name}: Databricks and Spark have no $name
+            if node.this.name not in placeholders:
+                placeholders.add(node.this.name)
+                yield node, _placeholder_problem(node.this.name, node.parent, write)
+            continue
+        if _is_string(node) and _PLACEHOLDER.fullmatch(node.this):  # "${endpoint}"
+            if node.this[2:-1] not in placeholders:
+                placeholders.add(node.this[2:-1])
+                yield node, _placeholder_problem(node.this[2:-1], None, write, quoted=True)
+            continue
         spec = ai_function(node)
         if spec is not None:
             try:
@@ -43,8 +55,7 @@ def check(tree, read: str, write: str) -> Iterator[tuple[exp.Expression, str]]:
                 f"pass the call on unchanged, and {NAMES[write]} has a {node.name}() of its own, "
                 "which may mean something else")
         if write == "duckdb" and type(node).__name__ in _REGEXP_FUNCTIONS:
-            reason = _regexp_problem(node)
-            if reason:
+            for reason in _regexp_problems(node):
                 yield node, reason
         if isinstance(node, exp.Like | exp.ILike):
             reason = _like_problem(node, write)
@@ -56,26 +67,47 @@ def check(tree, read: str, write: str) -> Iterator[tuple[exp.Expression, str]]:
                 yield node, reason
 
 
+_PLACEHOLDER = re.compile(r"\$\{\w+\}")
+
+
+def _placeholder_problem(name: str, parent, write: str, *, quoted: bool = False) -> str:
+    """Why a ``${name}`` placeholder (the Databricks SQL editor's, a notebook widget's) is
+    refused: sqlglot would write it as ``$name``, which nothing binds here; quoted, it would
+    be the text ``${name}`` itself."""
+    start = (f"a placeholder that the Databricks SQL editor or a notebook widget fills in "
+             f"before the query runs; nothing fills it in on {NAMES[write]} "
+             + (f"(the string would stay '${{{name}}}'). " if quoted else
+                f"(sqlglot would pass it on as ${name}). "))
+    substitute = f"string.Template(query).substitute({name}=...)"
+    name_only = (f"a table or column name no SQL parameter can stand for: put it into the text "
+                 f"first, e.g. with {substitute}")
+    if isinstance(parent, exp.Table):
+        return start + "It stands for " + name_only
+    return (start + f"For a value, write :{name} and pass the value as execute(con, query, "
+            f"{{'{name}': ...}}, dialect='databricks'); for {name_only}")
+
+
 _REGEXP_FUNCTIONS = frozenset((
     "RegexpReplace", "RegexpExtract", "RegexpExtractAll", "RegexpLike", "RegexpILike",
     "RegexpSplit", "RegexpCount", "RegexpInstr", "RegexpSubstr", "RegexpFullMatch"))
 
 
-def _regexp_problem(node) -> str | None:
-    """Why a regexp call cannot be given RE2 syntax with Java's meaning, or None."""
+def _regexp_problems(node) -> Iterator[str]:
+    """Why a regexp call cannot be given RE2 syntax with Java's meaning (pattern, then
+    replacement)."""
     texts = [("pattern", node.expression, java_to_re2_pattern)]
     if isinstance(node, exp.RegexpReplace):
         texts.append(("replacement", node.args.get("replacement"), java_to_re2_replacement))
     for what, literal, convert in texts:
         if not _is_string(literal):
-            return (f"the {what} must be a string literal: Databricks reads it with Java's "
-                    "regexp syntax, which is rewritten for DuckDB's RE2 where only a constant "
-                    "allows it")
+            yield (f"the {what} must be a string literal: Databricks reads it with Java's "
+                   "regexp syntax, which is rewritten for DuckDB's RE2 where only a constant "
+                   "allows it")
+            continue
         try:
             convert(literal.this)
         except ValueError as exc:
-            return f"the {what}: {exc}"
-    return None
+            yield f"the {what}: {exc}"
 
 
 def _like_problem(node, write: str) -> str | None:
@@ -150,8 +182,9 @@ def ai_function(node) -> AIFunction | None:
     return None
 
 
-def _ai_arguments(node, spec: AIFunction) -> dict[str, object]:
-    """Parameter name -> argument expression; ValueError says what is wrong with the call."""
+def _ai_arguments(node, spec: AIFunction) -> tuple[dict[str, object], set[str]]:
+    """Parameter name -> argument expression, and the names given by position; ValueError
+    says what is wrong with the call."""
     if isinstance(node, exp.Anonymous):
         given = list(node.expressions)
     else:  # a typed sqlglot expression: its arguments in declaration (= positional) order
@@ -160,8 +193,13 @@ def _ai_arguments(node, spec: AIFunction) -> dict[str, object]:
             value = node.args.get(key)
             given.extend(value if isinstance(value, list) else [value] if value else [])
     names = [p.name for p in spec.params]
+    if len(given) >= 2 and not any(isinstance(a, exp.Kwarg | exp.PropertyEQ) for a in given):
+        pairs = legacy_options(spec, given[2:], _string_value)
+        if pairs is not None:  # ai_query(e, r, 'returnType', 'STRING'): the options by name
+            return {names[0]: given[0], names[1]: given[1], **pairs}, set(names[:2])
     canonical = {n.lower(): n for n in names}
     bound: dict[str, object] = {}
+    positional: set[str] = set()
     named = False
     for i, argument in enumerate(given):
         if isinstance(argument, exp.Kwarg | exp.PropertyEQ):
@@ -180,21 +218,26 @@ def _ai_arguments(node, spec: AIFunction) -> dict[str, object]:
                              f"signature: {spec.signature()}")
         else:
             bound[names[i]] = argument
+            positional.add(names[i])
     missing = [p.name for p in spec.params if p.default is REQUIRED and p.name not in bound]
     if missing:
         raise ValueError(f"{spec.name} needs '{missing[0]}'; signature: {spec.signature()}")
-    return bound
+    return bound, positional
+
+
+def _string_value(node) -> str | None:
+    return node.this if _is_string(node) else None
 
 
 def _ai_call(node, spec: AIFunction, write: str):
     """The call in the engine's form: DuckDB named parameters, SQLite positional arguments."""
-    bound = _ai_arguments(node, spec)
+    bound, given_by_position = _ai_arguments(node, spec)
     names = [p.name for p in spec.params]
     if write == "duckdb":
         # Positional while the Databricks call was; the rest by name, which the macro accepts.
         positional = []
         for name in names:
-            if name not in bound or not _was_positional(bound[name]):
+            if name not in bound or name not in given_by_position:
                 break
             positional.append(bound.pop(name))
         args = positional + [exp.PropertyEQ(this=exp.to_identifier(name), expression=value)
@@ -206,10 +249,6 @@ def _ai_call(node, spec: AIFunction, write: str):
     call = exp.Anonymous(this=spec.name, expressions=args)
     call.meta.update(node.meta)
     return call
-
-
-def _was_positional(value) -> bool:
-    return not isinstance(value.parent, exp.Kwarg | exp.PropertyEQ)
 
 
 def _json_value(value):

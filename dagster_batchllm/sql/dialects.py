@@ -15,13 +15,17 @@ and Databricks' semantics need it, as transforms of sqlglot's syntax tree:
   (``\s``, ``.``, ``$1``; see :mod:`.patterns`).
 * ``LIKE``: Databricks' default escape character is ``\``; DuckDB gets an explicit
   ``ESCAPE '\'`` where it matters, and SQLite, whose LIKE ignores case, a case-sensitive ``GLOB``.
+* The older ``ai_query`` form of Databricks' earlier reference page, options as name/value pairs
+  (``ai_query(endpoint, request, 'returnType', 'STRING')``), is read as named options.
 
 What cannot be translated faithfully is refused before the engine sees the query, so no request
 is sent: what sqlglot reports as unsupported; a function sqlglot does not know (it would pass the
 call on unchanged) whose name the engine uses for a built-in of its own; a regexp that is not a
 constant or has no RE2 equivalent; and on SQLite, what it lacks or does differently
-(regexps, Unicode case mapping, structs). The checks and rewrites are in :mod:`.dialect_rules`;
-:class:`TranslationError` names each construct with its line.
+(regexps, Unicode case mapping, structs); and ``${name}`` placeholders, which the Databricks
+SQL editor or a notebook widget fills in before a query runs (the refusal says how to bind a
+value instead). The checks and rewrites are in :mod:`.dialect_rules`; :class:`TranslationError`
+names each construct as written (without its comments) with its line.
 
 Example::
 
@@ -39,6 +43,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
 
@@ -103,13 +108,17 @@ def translate(query: str, *, read: str = "databricks", write: str = "duckdb",
         )]) from None
     except TokenError as exc:
         raise TranslationError(read, write, [Problem(None, "the query text", str(exc))]) from None
-    problems = [Problem(_line(node), _quote(node, read), reason)
-                for tree in trees for node, reason in check(tree, read, write)]
+    # Where each statement's text starts at the earliest: where the one before it ends.
+    starts = [1] + [max(_lines(tree), default=1) for tree in trees[:-1]]
+    problems = [Problem(_line(node, query, start), _quote(node, read), reason)
+                for tree, start in zip(trees, starts, strict=True)
+                for node, reason in check(tree, read, write)]
+    problems.sort(key=lambda p: p.line if p.line is not None else float("inf"))
     if problems:
         raise TranslationError(read, write, problems)
     out = []
-    for tree in trees:
-        sql, unsupported = _generate(rewrite(tree, write), read, write, pretty)
+    for tree, start in zip(trees, starts, strict=True):
+        sql, unsupported = _generate(rewrite(tree, write), read, write, pretty, query, start)
         problems += unsupported
         out.append(sql)
     if problems:
@@ -118,7 +127,8 @@ def translate(query: str, *, read: str = "databricks", write: str = "duckdb",
 
 
 # -- generation: sqlglot's own, recording where it reports something unsupported -----------
-def _generate(tree, read: str, write: str, pretty: bool) -> tuple[str, list[Problem]]:
+def _generate(tree, read: str, write: str, pretty: bool, source: str, start: int
+              ) -> tuple[str, list[Problem]]:
     from sqlglot.errors import ErrorLevel
 
     generator = _tracking_generator(write)(pretty=pretty, dialect=write,
@@ -126,8 +136,29 @@ def _generate(tree, read: str, write: str, pretty: bool) -> tuple[str, list[Prob
     sql = generator.generate(tree, copy=False)
     problems = []
     for message, node in generator.unsupported_at:
-        problems.append(Problem(_line(node), _quote(node, read), f"sqlglot: {message}"))
+        node = _construct(message, node)
+        problems.append(Problem(_line(node, source, start), _quote(node, read),
+                                f"sqlglot: {message}"))
     return sql, problems
+
+
+_UNSUPPORTED_PROPERTY = re.compile(r"Unsupported property (\w+)")
+
+
+def _construct(message: str, node):
+    """The construct an unsupported-feature message is about, where sqlglot names it.
+
+    sqlglot reports a statement's properties (``MATERIALIZED``, ``TBLPROPERTIES (...)``) while
+    it writes the whole statement; quoting the statement would show its first line, not the
+    property.
+    """
+    named = _UNSUPPORTED_PROPERTY.fullmatch(message)
+    if node is None or named is None:
+        return node
+    for prop in node.find_all(exp_property_types()):
+        if type(prop).__name__.lower() == named.group(1):
+            return prop
+    return node
 
 
 @cache
@@ -166,17 +197,43 @@ def _quote(node, read: str) -> str:
     """The construct in the source dialect, on one line and shortened."""
     if node is None:
         return "?"
-    text = " ".join(node.sql(dialect=read, normalize_functions=False).split())
+    # Without comments: a leading "-- Step 1" belongs to the statement, not to the construct.
+    text = " ".join(node.sql(dialect=read, normalize_functions=False, comments=False).split())
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _line(node) -> int | None:
-    """The first source line of ``node``: sqlglot records lines on tokens, not on every node."""
-    while node is not None:
-        lines = [n.meta["line"] for n in node.walk() if "line" in n.meta]
-        if lines:
-            return min(lines)
-        node = node.parent
-    return None
+def exp_property_types():
+    from sqlglot import exp
+
+    return exp.Property
 
 
+def _line(node, source: str, start: int = 1) -> int | None:
+    """The first source line of ``node``, in a statement whose text starts at line ``start``
+    at the earliest.
+
+    sqlglot records lines on tokens, not on every node: a node without a token of its own (a
+    keyword property such as ``MATERIALIZED``, a ``${name}`` placeholder) is found in
+    ``source`` by its first word, from ``start`` on.
+    """
+    if node is None:
+        return None
+    own = _lines(node)
+    if own:
+        return min(own)
+    lead = re.match(r"\$\{\w+\}|\w+", node.sql(dialect="databricks", comments=False))
+    if lead:
+        word = re.escape(lead.group())
+        pattern = re.compile(word if lead.group().startswith("$") else rf"\b{word}\b",
+                             re.IGNORECASE)
+        for number, text in enumerate(source.splitlines(), start=1):
+            if number >= start and pattern.search(text.split("--", 1)[0]):
+                return number
+    parent = node.parent
+    while parent is not None and not _lines(parent):
+        parent = parent.parent
+    return min(_lines(parent)) if parent is not None else None
+
+
+def _lines(node) -> list[int]:
+    return [n.meta["line"] for n in node.walk() if "line" in n.meta]

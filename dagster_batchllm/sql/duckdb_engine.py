@@ -37,8 +37,9 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from ..ai_functions.calls import BoundCall
+from ..ai_functions.calls import BoundCall, sendable
 from ..ai_functions.catalogue import (
+    AI_QUERY,
     BOOLEAN,
     FUNCTIONS,
     INTEGER,
@@ -47,12 +48,14 @@ from ..ai_functions.catalogue import (
     REQUIRED,
     TEXT,
     AIFunction,
+    check_not_legacy,
 )
 from ..ai_functions.outcomes import as_json, failure, with_error
 from ..core.errors import InferenceConfigError
 from .runtime import Row, Runtime
 
 CALL_UDF = "__batchllm_call"
+_RESULT_STRUCT = re.compile(r"STRUCT\(result [^)]*errorMessage VARCHAR\)")
 TYPE_UDF = "__batchllm_type"
 
 _INTEGERS = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
@@ -95,8 +98,23 @@ class DuckDBFunctions:
             con.execute(macro_sql(function))
 
     def execute(self, query: str, parameters: Any = None) -> Any:
-        """Run one statement; DuckDB already batches, so this is ``connection.execute``."""
-        return self.connection.execute(query, parameters)
+        """Run one statement; DuckDB already batches, so this is ``connection.execute``.
+
+        A binder error over ``ai_query(..., failOnError => false)``'s struct (the Databricks
+        example's ``summary_analysis LIKE '%angry%'`` once failOnError is false) says which
+        field to use.
+        """
+        import duckdb
+
+        try:
+            return self.connection.execute(query, parameters)
+        except duckdb.BinderException as exc:
+            if not _RESULT_STRUCT.search(str(exc)):
+                raise
+            raise duckdb.BinderException(
+                f"{exc}\nThat STRUCT(result, errorMessage) is what ai_query(..., failOnError => "
+                "false) returns, as in Databricks: compare its result field (summary.result "
+                "LIKE '%angry%') and read errorMessage for the rows that failed.") from exc
 
     # -- the vectorized call ----------------------------------------------------------------
     def _bind_uncached(self, function: str, options: str) -> BoundCall:
@@ -118,8 +136,8 @@ class DuckDBFunctions:
             rows: list[Row] = []
             for i in indices:
                 texts = (firsts[i], seconds[i])[:len(spec.text_params)]
-                if any(t is None for t in texts):
-                    rows.append(("", None))  # NULL in, NULL out: nothing to send
+                if not all(sendable(t) for t in texts):
+                    rows.append(("", None))  # NULL (or blank) in, NULL out: nothing to send
                     continue
                 if endpoints[i] not in models:
                     models[endpoints[i]] = self.runtime.model_for(
@@ -145,6 +163,8 @@ class DuckDBFunctions:
 def result_structure(function: str, types: list[str], options: str) -> str:
     """Bind time: check argument types, return the ``from_json`` structure of the result."""
     spec = FUNCTIONS[function]
+    if spec is AI_QUERY:  # before the type check, which would blame failOnError
+        check_not_legacy(json.loads(options))
     for param, type_name in zip(spec.params, types, strict=True):
         type_name = type_name.strip('"')
         if type_name == "NULL" or _ACCEPTS[param.accepts](type_name):

@@ -8,9 +8,18 @@ same in both; these functions rewrite what reads the same but matches differentl
 * ``.`` stops at ``\r``, U+0085, U+2028 and U+2029 in Java, at ``\n`` only in RE2, so it becomes
   a class (unless the ``s`` or ``d`` flag is used, where both agree).
 * ``$n`` group references in a replacement are ``\n`` in RE2.
+* A named group ``(?<name>...)`` is ``(?P<name>...)`` in RE2.
 
 Left as they are: ``$`` (Java also matches before a final line terminator) and ``\b`` (Java also
 counts non-ASCII letters as word characters) differ only at those places.
+
+Refused (RE2 has no equivalent, so DuckDB would reject the pattern with an error of its own, or
+read it differently): lookahead and lookbehind ``(?=``, ``(?!``, ``(?<=``, ``(?<!``, atomic groups
+``(?>``, backreferences ``\1`` and ``\k<name>``, possessive
+quantifiers ``a*+``, the inline flags ``x``, ``u``, ``c`` and ``U`` (``U`` means Unicode classes in
+Java but ungreedy in RE2), and the escapes ``\h``, ``\H``, ``\R``, ``\X``, ``\G``, ``\Z``,
+``\e``, ``\c``, ``\u``, ``\N``, ``\b{...}`` and Java's ``\p{...}`` classes (``\p{Alpha}``;
+RE2 knows only the Unicode ones, ``\p{L}``).
 
 Example::
 
@@ -22,7 +31,35 @@ Example::
 
 from __future__ import annotations
 
+import re
+
+_COUNTED = re.compile(r"\{\d+(,\d*)?\}$")
 _JAVA_DOT = r"[^\n\r\x{85}\x{2028}\x{2029}]"
+
+# Groups that open with "(?" followed by these have no RE2 equivalent.
+_GROUPS = {
+    "=": "lookahead (?=...)", "!": "negative lookahead (?!...)",
+    "<=": "lookbehind (?<=...)", "<!": "negative lookbehind (?<!...)",
+    ">": "an atomic group (?>...)",
+}
+# Inline flags Java has and RE2 lacks or reads differently.
+_FLAGS = {
+    "x": "the comments flag (?x)", "u": "the Unicode-case flag (?u)",
+    "c": "the canonical-equivalence flag (?c)",
+    "U": "the flag (?U) (Unicode classes in Java, ungreedy matching in RE2)",
+}
+# Escapes Java reads and RE2 rejects (outside or inside a class alike).
+_ESCAPES = {
+    "h": r"\h (horizontal whitespace)", "H": r"\H", "R": r"\R (any line break)",
+    "X": r"\X (a grapheme cluster)", "G": r"\G (the end of the previous match)",
+    "Z": r"\Z (the end before a final line terminator)", "e": r"\e (write \x1B)",
+    "c": r"\c (control characters; write \x01 and so on)",
+    "u": r"\u (Unicode escapes; write \x{00E9})", "N": r"\N{name}",
+    "k": r"a backreference \k<name>",
+}
+_JAVA_CLASSES = frozenset((
+    "Lower", "Upper", "ASCII", "Alpha", "Digit", "Alnum", "Punct", "Graph", "Print", "Blank",
+    "Cntrl", "XDigit", "Space"))
 
 
 def java_to_re2_pattern(pattern: str) -> str:
@@ -59,6 +96,15 @@ def java_to_re2_pattern(pattern: str) -> str:
             elif nxt == "v":
                 raise ValueError(r"\v means any vertical whitespace in Java but only the "
                                  "vertical tab in RE2")
+            elif nxt in _ESCAPES:
+                raise ValueError(f"{_ESCAPES[nxt]} has no RE2 equivalent")
+            elif nxt in "123456789":
+                raise ValueError(f"a backreference (\\{nxt}) has no RE2 equivalent")
+            elif nxt == "b" and pattern[i + 2:i + 3] == "{":
+                raise ValueError(r"a \b{...} boundary has no RE2 equivalent")
+            elif nxt in "pP" and _java_class(pattern, i + 2):
+                raise ValueError(f"Java's class {_java_class(pattern, i + 2)} has no RE2 "
+                                 r"equivalent (RE2 knows Unicode classes such as \p{L})")
             else:
                 out.append(pattern[i:i + 2])
             i += 2
@@ -81,11 +127,47 @@ def java_to_re2_pattern(pattern: str) -> str:
             out.append(_JAVA_DOT)
             i += 1
             continue
+        elif c == "(" and pattern.startswith("?", i + 1):
+            if pattern.startswith("?<", i + 1) and not pattern.startswith(("?<=", "?<!"), i + 1):
+                out.append("(?P<")  # a named group: RE2 spells it (?P<name>...)
+                i += 3
+                continue
+            _check_group(pattern, i + 2)
+        elif pattern.startswith("+", i + 1) and (c in "*+?" or _ends_counted(pattern, i)):
+            raise ValueError(f"a possessive quantifier ({c}+) has no RE2 equivalent")
         out.append(c)
         i += 1
     if in_class:
         raise ValueError("a character class is not closed")
     return "".join(out)
+
+
+def _check_group(pattern: str, start: int) -> None:
+    """Raise for a ``(?`` group RE2 cannot read; ``start`` is the index after ``(?``."""
+    for opener, construct in _GROUPS.items():
+        if pattern.startswith(opener, start):
+            raise ValueError(f"{construct} has no RE2 equivalent")
+    j = start
+    while j < len(pattern) and (pattern[j].isalpha() or pattern[j] == "-"):
+        if pattern[j] in _FLAGS:
+            raise ValueError(f"{_FLAGS[pattern[j]]} has no RE2 equivalent")
+        j += 1
+
+
+def _ends_counted(pattern: str, i: int) -> bool:
+    """Whether ``pattern[i]`` is the ``}`` that closes a ``{n}``, ``{n,}`` or ``{n,m}``."""
+    return pattern[i] == "}" and _COUNTED.search(pattern, 0, i + 1) is not None
+
+
+def _java_class(pattern: str, start: int) -> str | None:
+    r"""The Java-only class name of a ``\p{...}`` at ``start`` (after ``\p``), or None."""
+    if not pattern.startswith("{", start):
+        return None
+    end = pattern.find("}", start)
+    name = pattern[start + 1:end] if end > 0 else ""
+    if name.startswith(("java", "Is")) or name in _JAVA_CLASSES:
+        return "\\p{" + name + "}"
+    return None
 
 
 def _inline_flags(pattern: str) -> str:

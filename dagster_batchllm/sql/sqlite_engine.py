@@ -30,7 +30,7 @@ SQLite has no structs: a structured result (``responseFormat``, ``ai_extract``, 
 ``failOnError`` false) is JSON text, read with ``->>`` or ``json_extract``. Optional arguments
 are positional: ``ai_query(endpoint, request, returnType, failOnError, modelParameters,
 responseFormat)`` with NULL for the ones to skip, and an ``endpoint`` after each AI function's
-own arguments.
+own arguments. Text that is NULL, empty or only whitespace gives NULL without a request.
 
 SQLite reports an exception raised in a function only as "user-defined function raised
 exception"; ``execute`` re-raises the real error (:attr:`SQLiteFunctions.last_error` keeps it for
@@ -51,7 +51,7 @@ from __future__ import annotations
 from functools import lru_cache, partial
 from typing import Any
 
-from ..ai_functions.calls import BoundCall
+from ..ai_functions.calls import BoundCall, sendable
 from ..ai_functions.catalogue import FUNCTIONS, REQUIRED, AIFunction
 from ..ai_functions.outcomes import as_json, failure, with_error
 from ..core.errors import InferenceConfigError
@@ -146,6 +146,8 @@ class SQLiteFunctions:
                 raise InferenceConfigError(
                     f"{spec.name}: argument '{param.name}' must be TEXT, got "
                     f"{type(value).__name__} {value!r:.60} (cast it with CAST(... AS TEXT)).")
+            if not sendable(value):
+                return None  # blank text is NULL: nothing to send
             texts.append(value)
         model = self.runtime.model_for(spec.name, values.get("endpoint"),
                                        required=spec.endpoint_required)
