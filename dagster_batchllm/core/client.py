@@ -18,7 +18,7 @@ from .errors import InferenceConfigError, RowError
 from .ledger import Ledger
 from .pool import EndpointPool
 from .prompts import iter_row_requests, row_tuples
-from .results import InferenceEstimate, InferenceResult
+from .results import InferenceEstimate, InferenceResult, row_outcome_columns
 from .settings import InferenceSettings
 
 log = logging.getLogger("dagster_batchllm")
@@ -122,8 +122,10 @@ class InferenceClient:
         out[call.output_column] = pd.Series(run.outputs, index=df.index, dtype=object)
         out[call.error_column] = pd.Series(run.errors, index=df.index, dtype=object)
         (logger or self.log).info(f"batchllm: {stats.summary()}")
+        error_types, statuses = row_outcome_columns(run.error_types, run.row_status, df.index)
         return InferenceResult(df=out, stats=stats, output_column=call.output_column,
-                               error_column=call.error_column)
+                               error_column=call.error_column, error_types=error_types,
+                               statuses=statuses)
 
     def estimate(self, df: Any, call: InferenceCall | None = None, /,
                  **call_fields: Any) -> InferenceEstimate:

@@ -6,7 +6,9 @@ Two kinds of failure exist and are kept apart on purpose:
   serves) raise :class:`InferenceConfigError` before any request is sent.
 * Failures of a single row are data, not exceptions: the row's error column holds
   ``"<error_type>: <message>"`` where ``error_type`` is one of the stable codes in
-  :class:`ErrorType`, and the ledger stores the code in its own column.
+  :class:`ErrorType`, and the ledger stores the code in its own column (as does
+  ``InferenceResult.error_types``, so no caller needs to parse the text). The vocabulary is
+  closed: rows the token budget deferred and internal failures have their codes here too.
 
 Transport errors carry ``retryable`` so the retry policy needs no knowledge of HTTP.
 """
@@ -32,6 +34,9 @@ class ErrorType(str, Enum):
     MALFORMED_RESPONSE = "malformed_response"
     STRUCTURED_OUTPUT = "invalid_structured_output"
     NO_HEALTHY_ENDPOINT = "no_healthy_endpoint"
+    REQUEST_TOO_LARGE = "request_too_large"
+    DEFERRED = "deferred"
+    INTERNAL = "internal_error"
 
 
 class BatchLLMError(Exception):
@@ -83,6 +88,25 @@ class StructuredOutputError(RowError):
     """The reply is not valid JSON, or does not match the requested schema."""
 
     error_type = ErrorType.STRUCTURED_OUTPUT
+
+
+class RequestTooLargeError(RowError):
+    """The request may need more tokens than any endpoint's rate-limit window admits: it could
+    never be sent, however long it waited."""
+
+    error_type = ErrorType.REQUEST_TOO_LARGE
+
+
+class DeferredError(RowError):
+    """Not sent: the call's token budget cannot pay for it now; a later call will send it."""
+
+    error_type = ErrorType.DEFERRED
+
+
+class InternalError(RowError):
+    """This library failed, not the row or the endpoint; a rerun sends the row again."""
+
+    error_type = ErrorType.INTERNAL
 
 
 class EndpointError(RowError):

@@ -13,9 +13,10 @@ import math
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from .errors import NoHealthyEndpointError, RowError, UnsupportedModelError
+from .errors import NoHealthyEndpointError, RequestTooLargeError, UnsupportedModelError
 from .limits import SlidingWindowLimiter
 from .settings import EndpointSpec
 
@@ -104,6 +105,22 @@ class Lease:
     request_entry: object | None
     token_entry: object | None
     probe: bool
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A run's part of each endpoint while other runs use them too (see ``coordination``).
+
+    ``runs``: live runs per endpoint, each of which gets 1/N of its concurrency and rate
+    limits; ``rate_limits``: per endpoint, (requests, tokens) limits that refine the share, each
+    None or (limit per window, whether it is the full fair share); ``capacities``: per endpoint,
+    the requests this run may have in flight, which refine the share too (0 holds sending until
+    the others' claims leave room). Endpoints not named are the run's whole.
+    """
+
+    runs: Mapping[str, int] = field(default_factory=dict)
+    rate_limits: Mapping[str, tuple] = field(default_factory=dict)
+    capacities: Mapping[str, int] = field(default_factory=dict)
 
 
 class EndpointPool:
@@ -202,10 +219,14 @@ class EndpointPool:
                 probe=probe,
             ), 0.0
         if not fits:
-            limits = {s.spec.name: s.token_limiter.limit for s in serving if s.token_limiter}
-            raise RowError(
-                f"the request may use up to {tokens} tokens, more than any endpoint serving "
-                f"'{model}' admits per rate-limit window {limits}"
+            limits = ", ".join(
+                f"'{s.spec.name}' tokens_per_minute={s.spec.tokens_per_minute} "
+                f"({s.spec.tokens_per_minute * s.spec.rate_limit_window_s / 60.0:g} tokens per "
+                f"{s.spec.rate_limit_window_s:g} s window)" for s in serving)
+            raise RequestTooLargeError(
+                f"the request may use up to {tokens} tokens (its prompt's upper bound plus "
+                f"max_tokens), more than any endpoint serving '{model}' admits in one "
+                f"rate-limit window: {limits}"
             )
         if not alive:
             error = NoHealthyEndpointError(
@@ -262,16 +283,33 @@ class EndpointPool:
                 waiter.set_result(None)
                 return
 
-    def set_shares(self, runs_per_endpoint: dict[str, int]) -> None:
+    def allocate(self, allocation: Allocation) -> None:
+        """Use only this run's part of each endpoint (other runs use the rest); an empty
+        ``Allocation()`` gives the run every endpoint whole again."""
+        self._set_shares(allocation.runs)
+        self._set_rate_limits(allocation.rate_limits)
+        self._set_capacities(allocation.capacities)
+
+    def _set_shares(self, runs_per_endpoint: Mapping[str, int]) -> None:
         for state in self.endpoints:
             runs = runs_per_endpoint.get(state.spec.name, 1)
             state.set_share(1.0 / max(1, runs))
             for model in state.spec.models:
                 self._wake(model)  # a larger share may admit a waiter now
 
-    def set_capacities(self, capacities: dict[str, int]) -> None:
-        """Per endpoint, the requests this run may have in flight (other runs use the rest);
-        0 holds sending until the others' claims leave room. Refines ``set_shares``."""
+    def _set_rate_limits(self, limits: Mapping[str, tuple]) -> None:
+        """Refine the shares (see ``Allocation.rate_limits``)."""
+        for state in self.endpoints:
+            pair = limits.get(state.spec.name, (None, None))
+            for limiter, limit in zip((state.request_limiter, state.token_limiter), pair,
+                                      strict=True):
+                if limiter is not None and limit is not None:
+                    limiter.limit, limiter.lone_request_ok = limit
+            for model in state.spec.models:
+                self._wake(model)
+
+    def _set_capacities(self, capacities: Mapping[str, int]) -> None:
+        """Refine the shares (see ``Allocation.capacities``)."""
         for state in self.endpoints:
             if state.spec.name in capacities:
                 state.capacity = capacities[state.spec.name]
@@ -288,18 +326,6 @@ class EndpointPool:
                           s.token_limiter.used if s.token_limiter else 0.0)
             for s in self.endpoints
         }
-
-    def set_rate_limits(self, limits: dict[str, tuple]) -> None:
-        """Per endpoint, (requests, tokens) limits: each None or (limit per window, whether it
-        is the full fair share); set after ``set_shares``, which they refine."""
-        for state in self.endpoints:
-            pair = limits.get(state.spec.name, (None, None))
-            for limiter, limit in zip((state.request_limiter, state.token_limiter), pair,
-                                      strict=True):
-                if limiter is not None and limit is not None:
-                    limiter.limit, limiter.lone_request_ok = limit
-            for model in state.spec.models:
-                self._wake(model)
 
     def snapshot(self) -> dict[str, dict[str, int | bool]]:
         now = self._clock()

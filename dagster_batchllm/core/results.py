@@ -1,10 +1,27 @@
-"""What a call returns: the table with its new columns, and the figures of the run."""
+"""What a call returns: the table with its new columns, each row's outcome as data, and the
+figures of the run."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
+
+
+class RowStatus(IntEnum):
+    """How a row ended (the engine keeps one byte per row; ``PENDING`` until it ends)."""
+
+    PENDING = 0
+    OK = 1  # answered by the endpoint, or by an identical row of the same call
+    CACHED = 2  # answered from the ledger
+    FAILED = 3
+    DEFERRED = 4  # not sent: the token budget ran out; a later call sends it
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
 
 
 @dataclass
@@ -54,16 +71,46 @@ class InferenceStats:
 
 @dataclass
 class InferenceResult:
-    """``df``: the input rows, same index and order, plus ``<output>`` and ``<output>_error``."""
+    """``df``: the input rows, same index and order, plus ``<output>`` and ``<output>_error``.
+
+    Per row, as data aligned with ``df.index`` (so nobody parses the error text):
+    ``error_types``, the :class:`~.errors.ErrorType` value of its error (``ErrorType.DEFERRED``
+    for a row the token budget deferred) or None; ``statuses``, how it ended: the label of its
+    :class:`RowStatus` (ok, cached: from the ledger, failed or deferred).
+    """
 
     df: Any
     stats: InferenceStats
     output_column: str
     error_column: str
+    error_types: Any  # pandas Series of str | None
+    statuses: Any  # pandas Series, categorical over the RowStatus labels
 
     @property
     def failed_rows(self):
+        """Rows with an error: failed or deferred (see ``statuses`` to tell them apart)."""
         return self.df[self.df[self.error_column].notna()]
+
+    @property
+    def deferred_rows(self):
+        return self.df[(self.statuses == RowStatus.DEFERRED.label).to_numpy()]
+
+
+def row_outcome_columns(error_types: Mapping[int, str], statuses: bytes | bytearray,
+                        index: Any) -> tuple[Any, Any]:
+    """The ``error_types`` and ``statuses`` Series of a result, from what the engine keeps:
+    ``error_types``, row position -> error type for the rows with an error; ``statuses``, one
+    ``RowStatus`` byte per row."""
+    import numpy as np
+    import pandas as pd
+
+    types = np.full(len(statuses), None, dtype=object)
+    for row, error_type in error_types.items():
+        types[row] = error_type
+    labels = [status.label for status in RowStatus]
+    return (pd.Series(types, index=index, dtype=object),
+            pd.Series(pd.Categorical.from_codes(np.frombuffer(statuses, dtype=np.uint8),
+                                                categories=labels), index=index))
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The HTTP call to ``/v1/chat/completions`` and the reading of its reply.
+"""The HTTP call to an endpoint's route (``/chat/completions``) and the reading of its reply.
 
 Two interchangeable transports send the same pre-serialized body:
 
@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from .errors import (
     EndpointError,
     ErrorType,
+    InferenceConfigError,
     MalformedResponseError,
     classify_http_error,
 )
@@ -40,8 +41,15 @@ class Completion:
     latency_s: float
 
 
+CHAT_ROUTE = "/chat/completions"
+
+
 class Transport(Protocol):
-    async def open(self, endpoints: tuple[EndpointSpec, ...]) -> None: ...
+    async def open(self, endpoints: tuple[EndpointSpec, ...], route: str = CHAT_ROUTE
+                   ) -> None:
+        """Connect to ``endpoints``; requests go to ``route`` below each one's base URL."""
+        ...
+
     async def send(self, endpoint: EndpointSpec, request: RowRequest) -> Completion: ...
     async def close(self) -> None: ...
 
@@ -126,11 +134,14 @@ class AiohttpTransport:
     def __init__(self, *, timeout_s: float):
         self._timeout_s = timeout_s
         self._sessions: dict[str, Any] = {}
+        self._urls: dict[str, str] = {}  # built once: a URL per request would cost a string
 
-    async def open(self, endpoints: tuple[EndpointSpec, ...]) -> None:
+    async def open(self, endpoints: tuple[EndpointSpec, ...], route: str = CHAT_ROUTE
+                   ) -> None:
         import aiohttp
 
         for spec in endpoints:
+            self._urls[spec.name] = spec.base_url.rstrip("/") + route
             headers = {"Content-Type": "application/json"}
             if spec.api_key:
                 headers["Authorization"] = f"Bearer {spec.api_key}"
@@ -147,7 +158,7 @@ class AiohttpTransport:
         session = self._sessions[endpoint.name]
         started = time.perf_counter()
         try:
-            async with session.post(endpoint.chat_url, data=request.body) as response:
+            async with session.post(self._urls[endpoint.name], data=request.body) as response:
                 raw = await response.read()
                 status = response.status
                 headers = response.headers
@@ -176,9 +187,14 @@ class OpenAITransport:
         self._timeout_s = timeout_s
         self._clients: dict[str, Any] = {}
 
-    async def open(self, endpoints: tuple[EndpointSpec, ...]) -> None:
+    async def open(self, endpoints: tuple[EndpointSpec, ...], route: str = CHAT_ROUTE
+                   ) -> None:
         import openai
 
+        if route != CHAT_ROUTE:
+            raise InferenceConfigError(
+                f"http_client='openai' sends chat completions only, not {route}; "
+                "use http_client='aiohttp'")
         httpx = openai_http_library()
         for spec in endpoints:
             self._clients[spec.name] = openai.AsyncOpenAI(

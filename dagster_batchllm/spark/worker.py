@@ -37,7 +37,7 @@ from ..ai_functions.calls import sendable
 from ..ai_functions.outcomes import AIQueryError
 from ..core.call import InferenceCall
 from ..core.client import InferenceClient
-from ..core.errors import RowError
+from ..core.errors import DeferredError, ErrorType, RowError
 from ..core.prompts import iter_row_requests, row_tuples
 from ..core.settings import InferenceSettings
 from .budget import SharedTokenBudget
@@ -50,7 +50,6 @@ from .job import (
     SparkJob,
 )
 
-_DEFERRED_PREFIX = "deferred:"
 _POLL_S = 0.1
 
 _CLIENTS: dict[InferenceSettings, InferenceClient] = {}
@@ -161,10 +160,11 @@ def _infer_within_budget(client: InferenceClient, job: SparkJob, frame: pd.DataF
         stats = result.stats
         budget.settle(grant, stats.prompt_tokens + stats.completion_tokens)
         still: list[int] = []
-        for row, out, err in zip(pending, result.df[result.output_column],
-                                 result.df[result.error_column], strict=True):
+        for row, out, err, error_type in zip(pending, result.df[result.output_column],
+                                             result.df[result.error_column],
+                                             result.error_types, strict=True):
             outputs[row], errors[row] = out, err
-            if isinstance(err, str) and err.startswith(_DEFERRED_PREFIX):
+            if error_type == ErrorType.DEFERRED:
                 still.append(row)
         if not still:
             return outputs, errors
@@ -174,10 +174,10 @@ def _infer_within_budget(client: InferenceClient, job: SparkJob, frame: pd.DataF
     # The engine's message speaks of the last grant; the user set the call's budget.
     left = budget.snapshot()
     for row in still:
-        errors[row] = (
-            f"deferred: the call's token budget ({left['total']} tokens, shared by all its "
-            f"Spark tasks) has {left['remaining']} left, less than this request may need; a "
-            "later run will send it")
+        errors[row] = DeferredError(
+            f"the call's token budget ({left['total']} tokens, shared by all its Spark tasks) "
+            f"has {left['remaining']} left, less than this request may need; a later run will "
+            "send it").as_cell()
     return outputs, errors
 
 

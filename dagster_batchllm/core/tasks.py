@@ -1,0 +1,60 @@
+"""What a run asks of a model: how rows become request items and replies become row values.
+
+The engine runs any :class:`Task` over any delivery (see :mod:`.delivery`) without knowing
+which, so a new kind of job is a new implementation here rather than branches through the run.
+Today there is one task, :class:`ChatTask`: one chat completion per row, its value the reply's
+text or (with ``response_format``) its parsed and validated JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from .call import InferenceCall
+from .errors import RowError, StructuredOutputError
+from .outputs import ReplyParser, cut_off_hint
+from .prompts import RowRequest, iter_row_requests
+from .transport import CHAT_ROUTE, Completion
+
+
+class Task(Protocol):
+    #: The API route its requests go to, below an endpoint's base URL.
+    route: str
+
+    def requests(self, rows: Iterator[tuple]) -> Iterator[RowRequest | RowError]:
+        """One request item per row (a tuple of the call's input columns), or the row's error."""
+        ...
+
+    def value(self, content: str) -> Any:
+        """The row value of a stored reply; raises ``RowError`` when it is not usable."""
+        ...
+
+    def reply_value(self, completion: Completion, request: RowRequest) -> Any:
+        """The row value of a fresh reply to ``request``; raises ``RowError`` when it is not
+        usable (the error may say more than :meth:`value` can, e.g. that it was cut off)."""
+        ...
+
+
+class ChatTask:
+    """One ``/chat/completions`` request per row (rows that render alike share one)."""
+
+    route = CHAT_ROUTE
+
+    def __init__(self, call: InferenceCall, *, default_max_tokens: int):
+        self.call = call
+        self.default_max_tokens = default_max_tokens
+        self._parser = ReplyParser(structured=call.structured, schema=call.schema)
+
+    def requests(self, rows: Iterator[tuple]) -> Iterator[RowRequest | RowError]:
+        return iter_row_requests(rows, self.call, default_max_tokens=self.default_max_tokens)
+
+    def value(self, content: str) -> Any:
+        return self._parser.parse(content)
+
+    def reply_value(self, completion: Completion, request: RowRequest) -> Any:
+        try:
+            return self._parser.parse(completion.content)
+        except StructuredOutputError as exc:
+            raise cut_off_hint(exc, finish_reason=completion.finish_reason,
+                               max_tokens=request.max_tokens) from None
