@@ -10,7 +10,7 @@ from assets.partitions import daily_partitions
 from assets.pipeline import classified_transcripts, pipeline_assets, transcript_summaries
 from assets.sql_pipeline import sql_assets
 from dagster_batchllm import build_new_data_sensor, build_retry_partitions_sensor
-from resources import build_resources
+from resources import build_resources, describe_llm
 from resources.warehouse import PARTITION_COLUMN, SOURCE_TABLE
 
 call_center_job = dg.define_asset_job(
@@ -25,15 +25,36 @@ daily_schedule = dg.build_schedule_from_partitioned_job(
 )
 
 resources = build_resources()
+llm = resources["llm"]
+
+
+INFERENCE_KEYS = {transcript_summaries.key, classified_transcripts.key}
+
+
+def _as_configured(spec: dg.AssetSpec) -> dg.AssetSpec:
+    """The inference assets' kinds, model and cost note, from the endpoints this location
+    configures (the assets are built before the resource, which decides them)."""
+    if spec.key not in INFERENCE_KEYS:
+        return spec
+    return spec.replace_attributes(
+        kinds={"pandas", *llm.asset_kinds()},
+        description=f"{spec.description}\n\n{describe_llm(llm)}",
+    )
+
+
+pipeline_assets = dg.map_asset_specs(_as_configured, pipeline_assets)
+_by_key = {a.key: a for a in pipeline_assets}
+transcript_summaries = _by_key[transcript_summaries.key]
+classified_transcripts = _by_key[classified_transcripts.key]
 
 # Days whose rows failed or were deferred are run again; the summaries' retries re-classify the
 # same day too, so the filled summaries reach the classified table.
 retry_summaries = build_retry_partitions_sensor(
-    transcript_summaries, resource=resources["llm"], job=call_center_job,
+    transcript_summaries, resource=llm, job=call_center_job,
     also_materialize=[classified_transcripts], max_rounds=3,
 )
 retry_classifications = build_retry_partitions_sensor(
-    classified_transcripts, resource=resources["llm"], job=call_center_job, max_rounds=3,
+    classified_transcripts, resource=llm, job=call_center_job, max_rounds=3,
 )
 
 # New calls appended to the source table (each stamped with an increasing ingest_id) re-run

@@ -47,17 +47,27 @@ with warnings.catch_warnings():
     )(_clean)
 
 
-transcript_summaries = build_inference_asset(
-    name="transcript_summaries",
-    source=cleaned_transcripts,
-    prompt="Summarize this call transcript: {transcript_text}",
-    output_column="summary",
-    max_tokens=128,
-    temperature=0.0,
-    partitions_def=daily_partitions,
-    partition_column="call_date",
-    group_name="call_center",
-)
+SUMMARY_PROMPT = "Summarize this call transcript: {transcript_text}"
+
+
+def build_transcript_summaries(prompt: str = SUMMARY_PROMPT) -> dg.AssetsDefinition:
+    """The summaries asset (another prompt gives another code version, and the UI then calls
+    the summaries and what they feed unsynced)."""
+    return build_inference_asset(
+        name="transcript_summaries",
+        source=cleaned_transcripts,
+        prompt=prompt,
+        output_column="summary",
+        max_tokens=128,
+        temperature=0.0,
+        partitions_def=daily_partitions,
+        partition_column="call_date",
+        key_columns=["call_id"],
+        group_name="call_center",
+    )
+
+
+transcript_summaries = build_transcript_summaries()
 
 CLASSIFICATION_SCHEMA = {
     "type": "object",
@@ -100,6 +110,7 @@ classified_transcripts = build_inference_asset(
     temperature=0.0,
     partitions_def=daily_partitions,
     partition_column="call_date",
+    key_columns=["call_id"],
     transform=add_rule_based_labels,
     group_name="call_center",
 )

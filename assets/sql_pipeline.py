@@ -179,7 +179,8 @@ def build_sql_pipeline(sql: str = PIPELINE_SQL, *,
                     "sql_dialect": written_in}
         yield dg.MaterializeResult(
             asset_key=SUMMARIES_TABLE,
-            metadata={**stats_metadata(stats, summaries), **location,
+            metadata={**stats_metadata(stats, summaries,
+                                       price_for=llm.client.settings.price_for), **location,
                       "dagster/table_name": f"main.{SUMMARIES_TABLE}"},
         )
         labelled = classified["risk_level"].notna()

@@ -8,12 +8,22 @@ from typing import Any
 
 import dagster as dg
 
-from .checks import inference_check_results, inference_check_specs
+from .checks import check_events, inference_check_results, inference_check_specs
 from .context import read_context
 from .core.call import InferenceCall
-from .core.errors import InferenceConfigError
+from .core.errors import InferenceConfigError, RowError
 from .core.ledger import validate_identifier
-from .metadata import merge_stats, stats_metadata
+from .core.prompts import iter_row_requests, row_tuples
+from .core.results import InferenceResult, InferenceStats
+from .metadata import (
+    answer_figures,
+    column_schema,
+    failed_rows_table,
+    row_figures,
+    run_figures,
+    summary_line,
+    table_figures,
+)
 
 _POSITION = "__batchllm_position"
 
@@ -39,6 +49,7 @@ def build_inference_asset(
     warn_failed_rate: float = 0.01,
     error_failed_rate: float = 0.10,
     preview_rows: int = 5,
+    key_columns: Sequence[str] | None = None,
     asset_attributes: Mapping[str, Any] | None = None,
     **call_fields: Any,
 ) -> dg.AssetsDefinition:
@@ -53,6 +64,14 @@ def build_inference_asset(
     with ``partition_column`` a single run can cover many partitions (a single-run backfill) and
     each partition's rows are still recorded in the ledger under their own partition key, so the
     retry-partitions sensor can re-run exactly the partitions with failed or deferred rows.
+
+    Each partition's materialization carries that partition's own figures, also in a
+    single-run backfill: its rows (which failed, and why: ``key_columns`` name the columns that
+    identify a row in that table), what this run paid for it (``batchllm/run/...``) and what
+    the answers it holds cost (``batchllm/answers/...``, from the ledger); the checks are
+    partitioned too (see :mod:`dagster_batchllm.metadata` and :mod:`dagster_batchllm.checks`).
+    The asset's code version is the call's (:attr:`InferenceCall.code_version`), so editing the
+    prompt, model or generation parameters marks it and what it feeds unsynced.
 
     ``asset_attributes`` are Dagster's asset attributes (what a component's
     ``asset_attributes:`` resolves to): ``group_name``, ``description``, ``kinds``, ``tags``,
@@ -101,12 +120,18 @@ def build_inference_asset(
         tags=tags, owners=owners,
     )
     attributes.update(
-        description=attributes.get("description") or _describe(call),
-        kinds=set(attributes.get("kinds") or {"openai", "pandas"}),
+        description=attributes.get("description") or _describe(call, schema_fields),
+        # Which servers answer is the resource's to say (llm.asset_kinds()); the factory cannot
+        # know it, so it does not claim "openai" for a llama.cpp or the embedded default.
+        kinds=set(attributes.get("kinds") or {"batchllm", "pandas"}),
         tags=dict(attributes.get("tags") or {}),
         owners=list(attributes["owners"]) if attributes.get("owners") else None,
         metadata={**attributes.get("metadata", {}), "batchllm/output_column": output_column},
+        # Every request key changes with it: Dagster then calls the asset and its downstream
+        # unsynced. An explicit code_version (e.g. from asset_attributes) is the user's call.
+        code_version=attributes.get("code_version") or call.code_version,
     )
+    key_columns = list(key_columns or [])
 
     with warnings.catch_warnings():
         # backfill_policy is "beta" in Dagster; it is the documented way to run single-run
@@ -117,7 +142,7 @@ def build_inference_asset(
             ins={"source_table": dg.AssetIn(key=source_key)},
             partitions_def=partitions_def,
             backfill_policy=backfill_policy,
-            check_specs=inference_check_specs(asset_key),
+            check_specs=inference_check_specs(asset_key, partitions_def),
             required_resource_keys={resource_key},
             io_manager_key=io_manager_key,
             pool=pool,
@@ -126,26 +151,55 @@ def build_inference_asset(
 
     def _inference_asset(context: dg.AssetExecutionContext, source_table):
         llm = getattr(context.resources, resource_key)
-        parts = _split_by_partition(context, source_table, partition_column)
-        results = [
+        missing = [c for c in key_columns if c not in source_table.columns]
+        if missing:
+            raise dg.Failure(f"{where}: key_columns {missing} are not in the input table "
+                             f"(columns: {list(source_table.columns)}); nothing was sent.")
+        inferred: dict[str | None, tuple[Any, InferenceResult]] = {}
+        for key, frame in _split_by_partition(context, source_table, partition_column):
             # Each call covers its whole partition, so records of requests this partition no
             # longer asks for (its input changed) are retired and stop marking it for retry.
-            llm.infer(frame, call, context=context, partition_key=key,
-                      supersede_stale=key is not None)
-            for key, frame in parts
-        ]
-        frames = [r.df for r in results]
+            inferred[key] = (frame, llm.infer(frame, call, context=context, partition_key=key,
+                                              supersede_stale=key is not None))
+        frames = [result.df for _, result in inferred.values()]
         table = _concat_in_order(frames) if _POSITION in frames[0].columns else frames[0]
         if schema_fields:
             table = _expand_fields(table, output_column, schema_fields)
         if transform is not None:
             table = transform(table)
-        stats = merge_stats([r.stats for r in results])
-        yield dg.Output(table, metadata=stats_metadata(stats, table, preview_rows))
-        yield from inference_check_results(
-            asset_key, stats, input_rows=len(source_table), output_rows=len(table),
-            warn_failed_rate=warn_failed_rate, error_failed_rate=error_failed_rate,
-        )
+
+        schema = column_schema(table, *_column_docs(call, schema_fields, source_table.columns))
+        settings = llm.client.settings
+        # Every partition of the run gets its own figures, also one without input rows.
+        keys = list(read_context(context).partition_keys) or [None]
+        metadata_by_key, checks = {}, []
+        for key in keys:
+            frame, result = inferred.get(key, (source_table.iloc[0:0], None))
+            stats = result.stats if result is not None else InferenceStats()
+            answers = _answer_tokens(llm, frame, call)
+            rows_out = _rows_of(table, key, partition_column, single=len(keys) == 1)
+            failed = failed_rows_table(result, key_columns) if result is not None else None
+            metadata_by_key[key] = {
+                **row_figures(stats),
+                **({"batchllm/failed_rows": failed} if failed is not None else {}),
+                **run_figures(stats, settings.price_for),
+                **answer_figures(answers, settings.price_for),
+                **table_figures(rows_out, preview_rows, schema=schema),
+            }
+            checks.append((key, inference_check_results(
+                asset_key, stats, input_rows=len(frame), output_rows=len(rows_out),
+                warn_failed_rate=warn_failed_rate, error_failed_rate=error_failed_rate,
+                failed_rows=failed)))
+            context.log.info(summary_line(
+                name, key, stats, answers, settings.price_for,
+                models_named=_models_named(call, settings.model_when_unnamed)))
+        if len(keys) == 1:
+            yield dg.Output(table, metadata=metadata_by_key[keys[0]])
+        else:  # a range (a single-run backfill): each partition's materialization, its figures
+            for key, metadata in metadata_by_key.items():
+                context.add_asset_metadata(metadata, partition_key=key)
+            yield dg.Output(table)
+        yield from check_events(context, asset_key, checks)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.BetaWarning)
@@ -260,9 +314,92 @@ def _expand_fields(df: Any, output_column: str, fields: list[str]) -> Any:
     return out
 
 
-def _describe(call: InferenceCall) -> str:
-    what = (f"prompt template `{call.prompt}`" if call.prompt else
+def _rows_of(table: Any, key: str | None, partition_column: str | None, *, single: bool) -> Any:
+    """The output rows of one partition of the run."""
+    if single:
+        return table
+    if partition_column not in table.columns:
+        raise dg.Failure(
+            f"The transform dropped the partition column {partition_column!r}, so the rows of "
+            "each partition of this run cannot be told apart; keep it in the output."
+        )
+    return table[(table[partition_column].astype(str) == key).to_numpy()]
+
+
+def _answer_tokens(llm: Any, frame: Any, call: InferenceCall) -> dict[str, dict[str, int]]:
+    """What the answers to the partition's requests cost when they were paid for (by model),
+    from the ledger: the request keys are rendered as the client renders them."""
+    settings = llm.client.settings
+    bound = call.bind(list(frame.columns), settings.models, settings.model_when_unnamed)
+    rows = row_tuples(frame[bound.input_columns()])
+    keys = [item.key for item in iter_row_requests(
+        rows, bound, default_max_tokens=settings.default_max_tokens)
+        if not isinstance(item, RowError)]
+    return llm.ledger.answer_tokens(keys)
+
+
+def _models_named(call: InferenceCall, default_model: str | None) -> str:
+    """The model(s) the call names, for a log line when no figure names one."""
+    if call.model:
+        return call.model
+    if call.model_column:
+        return f"models from column {call.model_column}"
+    return default_model or "the resource's default_model"
+
+
+_JSON_TYPES = {"string": "string", "integer": "int", "number": "float", "boolean": "bool",
+               "array": "json", "object": "json"}
+
+
+def _column_docs(call: InferenceCall, schema_fields: list[str], input_columns: Sequence[str]
+                 ) -> tuple[dict[str, str], dict[str, str]]:
+    """Descriptions and types of the columns the asset adds (the others are the input's)."""
+    unanswered = f"null where the row failed or was deferred (see `{call.error_column}`)"
+    descriptions = {
+        call.output_column: (f"The model's reply as JSON text; {unanswered}." if call.structured
+                             else f"The model's answer; {unanswered}."),
+        call.error_column: ("Why the row has no answer, as '<error_type>: <reason>' (what each "
+                            "type means: batchllm/errors_by_type); null where it succeeded."),
+    }
+    types = {call.output_column: "json" if call.structured else "string",
+             call.error_column: "string"}
+    properties = (call.schema or {}).get("properties") or {}
+    for field in schema_fields:
+        spec = properties.get(field) or {}
+        choices = f": one of {', '.join(map(str, spec['enum']))}" if spec.get("enum") else ""
+        text = f"Field `{field}` of the structured reply{choices}; {unanswered}."
+        kind = spec.get("type")
+        # The column _expand_fields gives the field: its name, unless an input column has it.
+        column = field if field not in input_columns else f"{call.output_column}_{field}"
+        descriptions[column] = text
+        if isinstance(kind, str) and kind in _JSON_TYPES:
+            types[column] = _JSON_TYPES[kind]
+    return descriptions, types
+
+
+def _describe(call: InferenceCall, schema_fields: Sequence[str] = ()) -> str:
+    """What the asset sends, in the words a user looks for: model, prompts, schema."""
+    if call.model:
+        who = f"model `{call.model}`"
+    elif call.model_column:
+        who = f"per-row models from column `{call.model_column}`"
+    else:
+        who = "the resource's `default_model`"
+    what = (f"the prompt template `{call.prompt}`" if call.prompt else
             f"prompts from column `{call.prompt_column or call.messages_column}`")
-    who = f"model `{call.model}`" if call.model else (
-        f"per-row models from `{call.model_column}`" if call.model_column else "the default model")
-    return f"Batch LLM inference: {what} with {who}, answers in `{call.output_column}`."
+    parts = [f"Batch LLM inference with {who}: {what}; answers in `{call.output_column}`, "
+             f"failed rows' reasons in `{call.error_column}`."]
+    if call.system:
+        parts.append(f"System prompt:\n\n```text\n{call.system}\n```")
+    if call.schema is not None:
+        parts.append("JSON schema of the replies"
+                     + (f" (its fields become columns: {', '.join(schema_fields)})"
+                        if schema_fields else "")
+                     + f":\n\n```json\n{json.dumps(call.schema, indent=2)}\n```")
+    params = call.request_params
+    if params:
+        parts.append("Generation parameters: "
+                     + ", ".join(f"`{k}={v}`" for k, v in sorted(params.items())) + ".")
+    parts.append(f"Code version `{call.code_version}`: it changes with the prompt, model or "
+                 "parameters, and every row's request key with it.")
+    return "\n\n".join(parts)

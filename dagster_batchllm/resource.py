@@ -5,8 +5,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 import dagster as dg
+from dagster._config.field import Field as ConfigField
+from dagster._config.field_utils import Shape
+from dagster._core.definitions.definition_config_schema import DefinitionConfigSchema
 from pydantic import Field, PrivateAttr
 
 from .context import read_context
@@ -133,7 +137,22 @@ class BatchInferenceResource(dg.ConfigurableResource):
     The fields are those of :class:`~dagster_batchllm.core.settings.InferenceSettings`, except
     ``endpoints``, ``managed_endpoints`` and ``prices``, from which ``to_settings()`` builds the
     settings' ``endpoints`` and ``model_prices``.
+
+    Run config given at launch (the launchpad, ``launchRun``) is merged over the values set
+    here: ``{"resources": {"llm": {"config": {"progress_interval_s": 1}}}}`` changes that one
+    field and keeps the endpoints, ``store_url`` and ``default_model`` of the code. (A list,
+    such as ``endpoints``, given at launch replaces the code's list.)
     """
+
+    def __init__(self, **data: Any):
+        super().__init__(**data)
+        # Dagster makes the values set in code the default of the resource's config as a whole,
+        # so run config that sets one field replaces them all with the class defaults (a new
+        # ledger file ./batchllm.db, no default_model). Each value set in
+        # code becomes its own field's default instead, so partial run config merges over it.
+        state = self._state__internal__
+        self._state__internal__ = state._replace(config_schema=DefinitionConfigSchema(
+            _with_field_defaults(state.schema, state.resolved_config_dict)))
 
     endpoints: list[Endpoint] = Field(
         default_factory=list, description="The servers to spread requests over."
@@ -253,6 +272,33 @@ class BatchInferenceResource(dg.ConfigurableResource):
     @property
     def ledger(self):
         return self.client.ledger
+
+    def asset_kinds(self) -> set[str]:
+        """Dagster kinds that say which servers answer: ``openai`` for OpenAI's API,
+        ``llamacpp`` for a managed llama-server, ``batchllm`` for the embedded default and for
+        OpenAI-compatible servers whose software a URL does not reveal (vLLM, TGI, ...)."""
+        kinds = set()
+        for endpoint in self.endpoints:
+            host = urlparse(endpoint.base_url).hostname or ""
+            kinds.add("openai" if host == "openai.com" or host.endswith(".openai.com")
+                      else "batchllm")
+        for managed in self.managed_endpoints:
+            kinds.add("llamacpp" if managed.kind == "llama-server" else "batchllm")
+        return kinds or {"batchllm"}
+
+
+def _with_field_defaults(schema: ConfigField, values: dict[str, Any]) -> ConfigField:
+    """The resource's config schema with ``values`` (those set in code, in config form) as the
+    defaults of their fields, rather than of the whole."""
+    shape = schema.config_type
+    fields = {
+        name: (ConfigField(field.config_type, default_value=values[name], is_required=False,
+                           description=field.description) if name in values else field)
+        for name, field in shape.fields.items()
+    }
+    return ConfigField(Shape(fields, description=shape.description,
+                             field_aliases=shape.field_aliases),
+                       description=schema.description)
 
 
 def _context_kwargs(context: Any, call: InferenceCall | None,

@@ -9,6 +9,11 @@ and no network. To use real LLM servers instead:
     export BATCHLLM_API_KEY=...            # optional, read at run time, never logged
     export BATCHLLM_MAX_CONCURRENCY=64     # per endpoint
     export BATCHLLM_TOKENS_PER_MINUTE=2000000  # optional, per endpoint
+    export BATCHLLM_USD_PER_1M_PROMPT_TOKENS=0.6 BATCHLLM_USD_PER_1M_COMPLETION_TOKENS=0.6
+                                           # optional: the model's prices, for the cost figures
+
+The embedded models are priced at zero (they run on this machine), so the cost figures are
+there from the first run; with real endpoints, set the prices above to see what a run costs.
 """
 
 from __future__ import annotations
@@ -17,11 +22,17 @@ import os
 
 import dagster as dg
 
-from dagster_batchllm import BatchInferenceResource, Endpoint, ManagedEndpoint
+from dagster_batchllm import BatchInferenceResource, Endpoint, ManagedEndpoint, ModelPrice
+from dagster_batchllm.managed.classical import LOCAL_MODELS
+from dagster_batchllm.managed.classical.models import ALIAS
 
 from .warehouse import DEFAULT_DATA_DIR, WarehouseIOManager, WarehouseResource
 
-EMBEDDED_MODEL = "local"
+EMBEDDED_MODEL = ALIAS
+# The embedded models run on this machine: they cost nothing per token.
+EMBEDDED_PRICES = [ModelPrice(model=m, usd_per_1m_prompt_tokens=0.0,
+                              usd_per_1m_completion_tokens=0.0)
+                   for m in (ALIAS, *LOCAL_MODELS)]
 
 
 def build_llm_resource() -> BatchInferenceResource:
@@ -34,6 +45,7 @@ def build_llm_resource() -> BatchInferenceResource:
         return BatchInferenceResource(
             managed_endpoints=[ManagedEndpoint(name="embedded", max_concurrency=16)],
             default_model=model, store_url=store_url, default_max_tokens=256,
+            prices=EMBEDDED_PRICES,
         )
     if not model:
         raise dg.DagsterInvalidConfigError(
@@ -52,7 +64,41 @@ def build_llm_resource() -> BatchInferenceResource:
         ],
         default_model=model,
         store_url=store_url,
+        prices=_prices_from_environment(model),
     )
+
+
+def _prices_from_environment(model: str) -> list[ModelPrice]:
+    prompt = os.environ.get("BATCHLLM_USD_PER_1M_PROMPT_TOKENS")
+    completion = os.environ.get("BATCHLLM_USD_PER_1M_COMPLETION_TOKENS")
+    if prompt is None and completion is None:
+        return []  # the cost figures then say that no price is set, and how to set one
+    return [ModelPrice(model=model, usd_per_1m_prompt_tokens=float(prompt or 0),
+                       usd_per_1m_completion_tokens=float(completion or 0))]
+
+
+def describe_llm(llm: BatchInferenceResource) -> str:
+    """For an inference asset's description: the model that answers and what the cost figures
+    are based on."""
+    if llm.managed_endpoints and not llm.endpoints:
+        model = (f"Model: the resource's default_model, `{llm.default_model}`: the embedded "
+                 f"endpoint's classical models ({', '.join(LOCAL_MODELS)}), not an LLM.")
+    else:
+        model = f"Model: the resource's default_model, `{llm.default_model}`."
+    return f"{model}\n\n{_describe_prices(llm)}"
+
+
+def _describe_prices(llm: BatchInferenceResource) -> str:
+    if not llm.prices:
+        return ("No prices are set, so the metadata shows tokens but no cost: set "
+                "BATCHLLM_USD_PER_1M_PROMPT_TOKENS and BATCHLLM_USD_PER_1M_COMPLETION_TOKENS.")
+    if all(p.usd_per_1m_prompt_tokens == p.usd_per_1m_completion_tokens == 0
+           for p in llm.prices):
+        return ("Cost: the models run on the embedded endpoint on this machine and are priced at "
+                "$0 per token, so every cost figure is $0.")
+    return "Cost: " + "; ".join(
+        f"`{p.model}` ${p.usd_per_1m_prompt_tokens:g} per 1M prompt tokens and "
+        f"${p.usd_per_1m_completion_tokens:g} per 1M completion tokens" for p in llm.prices) + "."
 
 
 def build_resources() -> dict[str, object]:
@@ -67,4 +113,5 @@ def build_resources() -> dict[str, object]:
     }
 
 
-__all__ = ["WarehouseIOManager", "WarehouseResource", "build_llm_resource", "build_resources"]
+__all__ = ["WarehouseIOManager", "WarehouseResource", "build_llm_resource", "build_resources",
+           "describe_llm"]

@@ -98,6 +98,16 @@ def test_webserver_serves_the_pipeline_over_graphql(location_env, tmp_path):
             assert set(groups) >= PIPELINE
             assert {groups[name] for name in PIPELINE} == {"call_center"}
 
+            # The inference assets say which servers answer (the embedded default here, not
+            # OpenAI), which model, and what the cost figures rest on.
+            described = _graphql(port, """{ assetNodes(assetKeys: [
+                {path: ["transcript_summaries"]}, {path: ["classified_transcripts"]}]) {
+                kinds description } }""")
+            for node in described["assetNodes"]:
+                assert set(node["kinds"]) == {"batchllm", "pandas"}
+                assert "default_model, `local`" in node["description"]
+                assert "priced at $0 per token" in node["description"]
+
             repositories = _graphql(port, """{ repositoriesOrError { ... on RepositoryConnection {
                 nodes { sensors { name } schedules { name } } } } }""")
             [repository] = repositories["repositoriesOrError"]["nodes"]

@@ -232,6 +232,9 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
     error_failed_rate: Annotated[float, dg.Resolver.default(
         description="failed_row_rate check: ERROR above this share of failed rows.")] = 0.10
     preview_rows: int = 5
+    key_columns: Annotated[list[str] | None, dg.Resolver.default(
+        description="Input columns that identify a row (e.g. [call_id]); the metadata's table "
+        "of failed rows names them by these.")] = None
     asset_attributes: ResolvedAssetAttributes = None
     resource: ResolvedResource = None
     retry_partitions: Annotated[RetryPartitionsSensorArgs | None, dg.Resolver.default(
@@ -249,7 +252,8 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
             backfill_policy=self.backfill_policy, resource_key=self.resource_key,
             io_manager_key=self.io_manager_key, pool=self.pool,
             warn_failed_rate=self.warn_failed_rate, error_failed_rate=self.error_failed_rate,
-            preview_rows=self.preview_rows, asset_attributes=self.asset_attributes,
+            preview_rows=self.preview_rows, key_columns=self.key_columns,
+            asset_attributes=self.asset_attributes,
             **self.call_attributes(),
         )
         sensors = [] if self.retry_partitions is None else [self._retry_sensor(asset)]

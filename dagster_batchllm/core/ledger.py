@@ -250,6 +250,52 @@ class Ledger:
                 result.setdefault(partition, {FAILED: 0, DEFERRED: 0})[status] = int(count)
         return result
 
+    def failed_by_error_type(self, scope: str | None = None) -> dict[str, dict[str, int]]:
+        """Failed records of each partition by error type: ``{partition: {error_type: n}}``
+        (so a reader can tell the failures a retry may fix from those it cannot)."""
+        t = self.table
+        query = (
+            sa.select(t.c.partition_key, t.c.error_type, sa.func.count())
+            .where(t.c.status == FAILED, t.c.partition_key != "")
+            .group_by(t.c.partition_key, t.c.error_type)
+        )
+        if scope is not None:
+            query = query.where(t.c.scope == scope)
+        result: dict[str, dict[str, int]] = {}
+        with self.engine.connect() as conn:
+            for partition, error_type, count in conn.execute(query):
+                result.setdefault(partition, {})[error_type or "unknown"] = int(count)
+        return result
+
+    def answer_tokens(self, keys: Iterable[str]) -> dict[str, dict[str, int]]:
+        """What the answers to ``keys`` cost when they were paid for, by model:
+        ``{model: {"answers", "prompt_tokens", "completion_tokens"}}``.
+
+        Each key counts once, with the ``ok`` record that paid for it, whichever partition or
+        scope that was (records copied from the ledger into another partition carry no tokens),
+        so the figures stay the same however often the answers are served again. Keys without
+        an ``ok`` record are left out.
+        """
+        t = self.table
+        totals: dict[str, dict[str, int]] = {}
+        keys = list(dict.fromkeys(keys))
+        with self.engine.connect() as conn:
+            for start in range(0, len(keys), _LOOKUP_BATCH):
+                rows = conn.execute(
+                    sa.select(t.c.model, sa.func.max(t.c.prompt_tokens),
+                              sa.func.max(t.c.completion_tokens))
+                    .where(t.c.request_key.in_(keys[start:start + _LOOKUP_BATCH]),
+                           t.c.status == OK)
+                    .group_by(t.c.request_key, t.c.model)
+                ).all()
+                for model, prompt_tokens, completion_tokens in rows:
+                    model_totals = totals.setdefault(
+                        model, {"answers": 0, "prompt_tokens": 0, "completion_tokens": 0})
+                    model_totals["answers"] += 1
+                    model_totals["prompt_tokens"] += int(prompt_tokens or 0)
+                    model_totals["completion_tokens"] += int(completion_tokens or 0)
+        return totals
+
     def records(self, partition_key: str | None = None, scope: str | None = None):
         """The ledger's records as a pandas DataFrame (for inspection and tests)."""
         import pandas as pd

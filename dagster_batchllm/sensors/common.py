@@ -11,8 +11,11 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
+from ..core.error_kinds import kind_of
 from ..core.ledger import normalize_store_url, redact_url
 
+# How many of an asset's latest materializations a sensor reads, newest first.
+MATERIALIZATIONS_SCANNED = 500
 RETRY_TAG = "batchllm/retry"
 RETRY_ROUND_TAG = "batchllm/retry_round"
 NEW_DATA_TAG = "batchllm/new_data"
@@ -43,6 +46,30 @@ def _valid_partitions(partitions_def: dg.PartitionsDefinition, keys: Iterable[st
         return {k for k in keys if partitions_def.has_partition_key(k)}
 
 
+def _unretryable_in_latest(instance: dg.DagsterInstance,
+                           key: dg.AssetKey) -> dict[str, dict[str, int]]:
+    """Partitions whose latest materialization (of the last ``MATERIALIZATIONS_SCANNED``) has
+    failed rows no retry can fix, with their counts by error type. Input errors never reach the
+    ledger (nothing was sent), so only the asset's own metadata knows them."""
+    records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key),
+                                              limit=MATERIALIZATIONS_SCANNED).records
+    seen: set[str] = set()
+    found: dict[str, dict[str, int]] = {}
+    for record in records:
+        partition = record.partition_key
+        if partition is None or partition in seen:
+            continue
+        seen.add(partition)
+        metadata = record.asset_materialization.metadata
+        count = metadata.get("batchllm/rows_failed_unretryable")
+        table = metadata.get("batchllm/errors_by_type")
+        if count is None or not count.value or not isinstance(table, dg.TableMetadataValue):
+            continue
+        found[partition] = {
+            r.data["error_type"]: int(r.data["rows"]) for r in table.records
+            if not kind_of(r.data["error_type"]).retryable and r.data.get("rows")
+        }
+    return found
 
 
 def _single_asset(asset: Any, where: str) -> tuple[dg.AssetKey, dg.PartitionsDefinition | None]:

@@ -18,6 +18,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
     UnresolvedAssetJobDefinition,
 )
 
+from ..core.error_kinds import describe_errors, kind_of
 from ..core.errors import InferenceConfigError
 from ..core.ledger import (
     DEFERRED,
@@ -34,6 +35,7 @@ from .common import (
     _load_cursor,
     _missing_sqlite_file,
     _single_asset,
+    _unretryable_in_latest,
     _valid_partitions,
 )
 
@@ -152,13 +154,25 @@ def build_retry_partitions_sensor(
         cursor = _load_cursor(context.cursor, {"partitions": {}, "ignored": []})
         tracked: dict[str, dict[str, Any]] = cursor["partitions"]
         ledger = source.ledger()
-        needing = ledger.partitions_needing_retry(scope=scope) if ledger is not None else {}
+        needing, unfixable = _retry_work(ledger, scope) if ledger is not None else ({}, {})
+        for partition, errors in _unretryable_in_latest(context.instance, key).items():
+            known = unfixable.setdefault(partition, {})
+            for error_type, rows in errors.items():  # the same rows may be in both: not added
+                known[error_type] = max(known.get(error_type, 0), rows)
+        known_partitions = _valid_partitions(partitions_def, unfixable, context.instance)
+        unfixable = {p: e for p, e in unfixable.items() if p in known_partitions}
         now = _now()
 
         for partition in sorted(set(tracked) - set(needing)):
             rounds = tracked.pop(partition)["rounds"]
-            context.log.info(f"{scope} partition {partition} is complete"
-                             + (f" after {rounds} retry round(s)." if rounds else "."))
+            after = f" after {rounds} retry round(s)" if rounds else ""
+            if partition in unfixable:
+                context.log.info(f"{scope} partition {partition} has no rows left that a retry "
+                                 f"can fix{after}: {describe_errors(unfixable[partition])}.")
+            else:
+                context.log.info(f"{scope} partition {partition} is complete{after}.")
+        if unfixable:
+            context.log.info(f"Not retried, {_unfixable_text(unfixable)}")
 
         valid = _valid_partitions(partitions_def, needing, context.instance)
         newly_ignored = sorted(set(needing) - valid - set(cursor["ignored"]))
@@ -222,7 +236,8 @@ def build_retry_partitions_sensor(
             return dg.SensorResult(run_requests=requests, cursor=new_cursor,
                                    asset_events=observations)
         return dg.SensorResult(
-            skip_reason=_retry_skip_reason(scope, waiting, exhausted, cursor["ignored"]),
+            skip_reason=_retry_skip_reason(scope, waiting, exhausted, cursor["ignored"],
+                                           unfixable),
             cursor=new_cursor, asset_events=observations,
         )
 
@@ -240,8 +255,34 @@ def build_retry_partitions_sensor(
     )
 
 
+def _retry_work(ledger: Ledger, scope: str
+                ) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+    """The partitions with rows a retry may fix (``{partition: {failed, deferred}}``), and
+    those with failed rows no retry can fix (``{partition: {error_type: rows}}``)."""
+    counts = ledger.partitions_needing_retry(scope=scope)
+    failed_types = ledger.failed_by_error_type(scope=scope)
+    needing: dict[str, dict[str, int]] = {}
+    unfixable: dict[str, dict[str, int]] = {}
+    for partition, by_status in counts.items():
+        types = failed_types.get(partition, {})
+        retryable = sum(n for t, n in types.items() if kind_of(t).retryable)
+        cannot = {t: n for t, n in types.items() if not kind_of(t).retryable}
+        if cannot:
+            unfixable[partition] = cannot
+        if retryable or by_status[DEFERRED]:
+            needing[partition] = {FAILED: retryable, DEFERRED: by_status[DEFERRED]}
+    return needing, unfixable
+
+
+def _unfixable_text(unfixable: dict[str, dict[str, int]]) -> str:
+    shown = sorted(unfixable)[:20]
+    more = f" and {len(unfixable) - len(shown)} more" if len(unfixable) > len(shown) else ""
+    return ("partitions with failed rows: "
+            + "; ".join(f"{p}: {describe_errors(unfixable[p])}" for p in shown) + more + ".")
+
+
 def _retry_skip_reason(scope: str, waiting: list[str], exhausted: list[str],
-                       ignored: list[str]) -> str:
+                       ignored: list[str], unfixable: dict[str, dict[str, int]]) -> str:
     parts = []
     if waiting:
         parts.append(f"waiting: {', '.join(waiting[:20])}")
@@ -250,9 +291,12 @@ def _retry_skip_reason(scope: str, waiting: list[str], exhausted: list[str],
                      f"{', '.join(exhausted[:20])}")
     if ignored:
         parts.append(f"unknown partition keys in the ledger: {', '.join(ignored[:5])}")
+    not_retried = f" Not retried, {_unfixable_text(unfixable)}" if unfixable else ""
     if not parts:
+        if unfixable:
+            return f"No partition of {scope} has rows a retry can fix.{not_retried}"
         return f"No partition of {scope} has failed or deferred rows."
-    return f"{scope}: " + "; ".join(parts)
+    return f"{scope}: " + "; ".join(parts) + "." + not_retried
 
 
 class _LedgerSource:

@@ -90,7 +90,7 @@ def test_asset_attributes_reach_the_asset():
     assert spec.group_name == "support" and spec.owners == ["team:support"]
     assert spec.tags["tier"] == "gold" and spec.code_version == "3"
     assert spec.description == "Answers to questions."
-    assert spec.kinds == {"openai", "pandas"}  # not given: the factory's default
+    assert spec.kinds == {"batchllm", "pandas"}  # not given: the factory's default
     assert spec.metadata["owner_note"] == "daily"
     assert spec.metadata["batchllm/output_column"] == "output"  # the factory's stays
     assert {d.asset_key for d in spec.deps} == {dg.AssetKey("questions"),

@@ -340,3 +340,60 @@ def test_new_data_sensor_definition_errors_say_what_to_fix():
                               cursor_column="id", partition_column="day")
     with pytest.raises(dg.DagsterInvalidDefinitionError, match="asset job"):
         build_new_data_sensor("cleaned_transcripts", new_rows_since=lambda c: ([], c))
+
+
+# -- failures a retry cannot fix ----------------------------------------------------------------
+
+
+@dg.asset(partitions_def=PARTS, backfill_policy=dg.BackfillPolicy.multi_run(1))
+def calls_with_blanks(context) -> pd.DataFrame:
+    texts = [f"partition {context.partition_key}, call {i}" for i in range(ROWS)]
+    if context.partition_key == "b":
+        texts[2] = texts[5] = None  # input errors: nothing is sent for them
+    return pd.DataFrame({"text": texts})
+
+
+blank_summaries = build_inference_asset(
+    name="blank_summaries", source=calls_with_blanks, prompt="Summarize: {text}",
+    output_column="summary", max_tokens=16, partitions_def=PARTS,
+)
+FIX_THE_INPUT = "a retry cannot fix these; fix the input"
+
+
+def test_input_errors_are_reported_not_retried_in_the_checks_words(sim, make_llm_resource,
+                                                                  instance):
+    llm = make_llm_resource(sim)
+    for partition in PARTS.get_partition_keys():
+        result = dg.materialize([calls_with_blanks, blank_summaries], partition_key=partition,
+                                instance=instance, resources={"llm": llm})
+        assert result.success
+    [check] = [e for e in result.get_asset_check_evaluations()
+               if e.check_name == "failed_row_rate"]
+    assert check.partition == "c" and check.passed
+    [b_check] = [r for r in instance.event_log_storage.get_asset_check_execution_history(
+        dg.AssetCheckKey(blank_summaries.key, "failed_row_rate"), limit=10)
+        if r.partition == "b"]
+    assert FIX_THE_INPUT in b_check.event.dagster_event.event_specific_data.description
+
+    sensor = build_retry_partitions_sensor(blank_summaries, resource=llm, base_delay_s=0)
+    skip = _skip(_evaluate(sensor, instance, None))
+    assert skip == ("No partition of blank_summaries has rows a retry can fix. Not retried, "
+                    f"partitions with failed rows: b: invalid_input 2 - {FIX_THE_INPUT}.")
+
+
+def test_ledger_failures_a_retry_cannot_fix_are_not_retried(ledger, instance, clock):
+    def failed(partition: str, key: str, error_type: str) -> dict:
+        return {**_record(partition, "failed", key), "error_type": error_type,
+                "error": f"{error_type}: too long"}
+
+    ledger.upsert([failed("a", "k1", "context_length_exceeded"),
+                   failed("b", "k2", "context_length_exceeded"), failed("b", "k3", "timeout")])
+    sensor = build_retry_partitions_sensor(summaries, store_url=ledger.url, base_delay_s=0)
+    result = _evaluate(sensor, instance, None)
+    assert _requested(result) == [("b", "1")]  # its timeout may pass; a's row never will
+
+    ledger.upsert([{**_record("b", "ok", "k3")}])  # the retry answered b's timed-out row
+    skip = _skip(_evaluate(sensor, instance, result.cursor))
+    assert skip == ("No partition of summaries has rows a retry can fix. Not retried, "
+                    f"partitions with failed rows: a: context_length_exceeded 1 - "
+                    f"{FIX_THE_INPUT}; b: context_length_exceeded 1 - {FIX_THE_INPUT}.")
