@@ -16,6 +16,7 @@ from pydantic import Field, PrivateAttr
 from .context import read_context
 from .core.call import InferenceCall
 from .core.client import InferenceClient
+from .core.errors import InferenceConfigError
 from .core.results import InferenceEstimate, InferenceResult
 from .core.settings import DESCRIPTION, EndpointSpec, InferenceSettings
 from .managed.start import ManagedEndpointSpec, RunningEndpoint, start_managed
@@ -39,12 +40,27 @@ def _spec_values(config: dg.Config, spec: type, *, converted: Iterable[str] = ()
     """The values of ``spec``'s fields, read from the config by name (lists as tuples: the
     specs are frozen), except the ``converted`` ones, which the caller builds itself."""
     skip = set(converted)
-    return {f.name: _frozen(getattr(config, f.name)) for f in dataclasses.fields(spec)
-            if f.name not in skip}
+    return {f.name: _frozen(_resolved(getattr(config, f.name), config, f.name))
+            for f in dataclasses.fields(spec) if f.name not in skip}
 
 
 def _frozen(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
+
+
+def _resolved(value: Any, config: Any, field: str) -> Any:
+    """A ``dg.EnvVar`` read now. In a Dagster run, Dagster has read it already; outside one
+    (a script, a notebook) this is where it is read, so the same definitions work in both."""
+    if not isinstance(value, dg.EnvVar):
+        return value
+    found = value.get_value()
+    if found is None:
+        owner = getattr(config, "name", None)
+        where = f"{type(config).__name__}{f' {owner!r}' if isinstance(owner, str) else ''}"
+        raise InferenceConfigError(
+            f"{where}: {field}=dg.EnvVar({value.env_var_name!r}) but the environment variable "
+            f"{value.env_var_name} is not set; export it or pass the value itself.")
+    return found
 
 
 _SPEC_FIELDS = {spec: {f.name: f for f in dataclasses.fields(spec)}

@@ -77,6 +77,9 @@ from .job import RESULT_STRUCT_DDL, BudgetRef, SparkJob, split_for_slots
 from .session import SparkAI
 from .sql import register_ai_functions
 from .worker import cache_info
+from .worker_python import use_driver_python_by_default
+
+use_driver_python_by_default()  # before the user's session starts its workers
 
 __all__ = [
     "RESULT_STRUCT_DDL",

@@ -33,6 +33,7 @@ from .job import (
     executor_call,
     split_for_slots,
 )
+from .worker_python import align_worker_python
 
 
 def as_settings(resource_or_settings: Any) -> InferenceSettings:
@@ -77,6 +78,7 @@ class SparkAI:
                  context: Any = None, budget_wait_s: float = 30.0,
                  limits: Literal["split", "shared"] = "split"):
         self.spark = spark
+        align_worker_python(spark)
         self.settings = as_settings(resource_or_settings)
         self.task_slots = int(task_slots) if task_slots is not None else default_task_slots(spark)
         self.limits = limits
