@@ -269,8 +269,20 @@ def template_fields(template: str) -> list[str]:
 def check_template(template: str, what: str) -> None:
     """Refuse, before anything is sent, a template that cannot render text cells."""
     fields = template_fields(template)
-    for _, name, _, _ in string.Formatter().parse(template):
-        if name is not None and ("." in name or "[" in name):
+    for _, name, spec, conversion in string.Formatter().parse(template):
+        if name is None:
+            continue
+        if any(quote in name for quote in "\"'") or (spec and spec[:1].isspace()):
+            # '{"label": x}' parses as a column named '"label"' with the format ' x': braces
+            # meant literally, as in a JSON example inside a prompt.
+            shown = "{" + name + (f"!{conversion}" if conversion else "") + (
+                f":{spec}" if spec else "") + "}"
+            raise InferenceConfigError(
+                f"The {what} has '{shown}', which reads as a column named {name!r}. If those "
+                "braces are meant literally (say, JSON in the prompt), double them: {{ and }}. "
+                "Columns are written {column}."
+            )
+        if "." in name or "[" in name:
             raise InferenceConfigError(
                 f"The {what} refers to '{{{name}}}': name plain columns; attribute and index "
                 "access are not supported."

@@ -86,3 +86,11 @@ def test_numbers_from_sql_arrive_in_the_api_types():
     assert call.request_params == {"max_tokens": 64, "temperature": 0.5, "seed": 3,
                                    "stop": ["\n"]}
     assert type(call.request_params["max_tokens"]) is int
+
+
+def test_literal_braces_in_a_prompt_are_explained_as_literal_braces():
+    with pytest.raises(InferenceConfigError, match=r"double them: \{\{ and \}\}"):
+        InferenceCall(prompt='Reply as {"label": "refund"} for: {text}', model="m")
+    # Doubled, they are literal text.
+    call = InferenceCall(prompt='Reply as {{"label": "refund"}} for: {text}', model="m")
+    assert call.input_columns() == ["text"]
