@@ -12,6 +12,7 @@ Example::
         print(sim.stats()["by_status"])
 """
 
+from ..simulator.clients import openai_client, post_json, wait_for_batch
 from ..simulator.endpoint import SimulatedEndpoint
 from ..simulator.images import data_uri, png_bytes
 from ..simulator.responders import EchoResponder, Responder, schema_instance
@@ -23,6 +24,9 @@ __all__ = [
     "SimulatedEndpoint",
     "data_uri",
     "max_in_window",
+    "openai_client",
     "png_bytes",
+    "post_json",
     "schema_instance",
+    "wait_for_batch",
 ]

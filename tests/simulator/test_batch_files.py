@@ -13,16 +13,14 @@ import openai
 import pytest
 
 from dagster_batchllm.simulator import data_uri, png_bytes
-from dagster_batchllm.testing import SimulatedEndpoint
+from dagster_batchllm.testing import SimulatedEndpoint, openai_client, wait_for_batch
 
 MODEL = "sim-model"
 CHAT = "/v1/chat/completions"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def client_for(sim: SimulatedEndpoint, **kwargs) -> openai.OpenAI:
-    return openai.OpenAI(base_url=sim.base_url, api_key=kwargs.pop("api_key", "x"),
-                         max_retries=0, **kwargs)
+client_for = openai_client
 
 
 def chat_line(i: int) -> str:
@@ -40,13 +38,7 @@ def create_batch(client: openai.OpenAI, file_id: str):
 
 
 def wait_for(client: openai.OpenAI, batch_id: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in ("completed", "failed", "expired", "cancelled"):
-            return batch
-        assert time.monotonic() < deadline, f"batch still {batch.status}"
-        time.sleep(0.05)
+    return wait_for_batch(client, batch_id, timeout=timeout)
 
 
 def test_files_api_round_trip():

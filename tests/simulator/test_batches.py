@@ -8,15 +8,13 @@ import time
 import openai
 import pytest
 
-from dagster_batchllm.testing import SimulatedEndpoint
+from dagster_batchllm.testing import SimulatedEndpoint, openai_client, wait_for_batch
 
 MODEL = "sim-model"
 CHAT = "/v1/chat/completions"
 
 
-def client_for(sim: SimulatedEndpoint, **kwargs) -> openai.OpenAI:
-    return openai.OpenAI(base_url=sim.base_url, api_key=kwargs.pop("api_key", "x"),
-                         max_retries=0, **kwargs)
+client_for = openai_client
 
 
 def chat_line(custom_id: str, prompt: str, **body) -> dict:
@@ -42,13 +40,7 @@ def read_jsonl(client: openai.OpenAI, file_id: str | None) -> list[dict]:
 
 
 def wait_for(client: openai.OpenAI, batch_id: str, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in ("completed", "failed", "expired", "cancelled"):
-            return batch
-        assert time.monotonic() < deadline, f"batch still {batch.status}"
-        time.sleep(0.02)
+    return wait_for_batch(client, batch_id, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import math
 import struct
@@ -14,25 +13,17 @@ import openai
 import pytest
 
 from dagster_batchllm.simulator.state import tokens
-from dagster_batchllm.testing import SimulatedEndpoint
+from dagster_batchllm.testing import SimulatedEndpoint, openai_client, post_json
 
 EMBED = "sim-embed"
 
 
-def client_for(sim: SimulatedEndpoint, **kwargs) -> openai.OpenAI:
-    return openai.OpenAI(base_url=sim.base_url, api_key=kwargs.pop("api_key", "x"),
-                         max_retries=0, **kwargs)
+client_for = openai_client
 
 
 def raw_embed(sim: SimulatedEndpoint, body: dict) -> tuple[int, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=5)
-    try:
-        conn.request("POST", "/v1/embeddings", body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        conn.close()
+    status, reply = post_json(sim, "embeddings", body)
+    return status, json.loads(reply)
 
 
 def norm(vector) -> float:

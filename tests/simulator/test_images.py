@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import http.client
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +13,7 @@ import pytest
 
 from dagster_batchllm.simulator.images import IMAGE_TOKENS, data_uri, png_bytes
 from dagster_batchllm.simulator.state import tokens
-from dagster_batchllm.testing import SimulatedEndpoint
+from dagster_batchllm.testing import SimulatedEndpoint, openai_client, post_json
 
 MODEL = "sim-model"
 # Just the leading bytes a decoder checks first: enough for the simulator, which never decodes.
@@ -23,8 +22,7 @@ GIF = b"GIF89a\x01\x00\x01\x00" + b"\x00" * 20
 WEBP = b"RIFF\x1a\x00\x00\x00WEBPVP8 " + b"\x00" * 20
 
 
-def client_for(sim: SimulatedEndpoint, **kwargs) -> openai.OpenAI:
-    return openai.OpenAI(base_url=sim.base_url, api_key="x", max_retries=0, **kwargs)
+client_for = openai_client
 
 
 def image_part(url: str) -> dict:
@@ -45,20 +43,8 @@ def short_sha(raw: bytes) -> str:
 
 
 def raw_chat(sim: SimulatedEndpoint, body: dict) -> tuple[int, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=5)
-    try:
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        conn.close()
-
-
-@pytest.fixture(scope="module")
-def sim():
-    with SimulatedEndpoint() as endpoint:
-        yield endpoint
+    status, reply = post_json(sim, "chat/completions", body)
+    return status, json.loads(reply)
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import time
@@ -12,7 +11,14 @@ import jsonschema
 import openai
 import pytest
 
-from dagster_batchllm.testing import EchoResponder, Responder, SimulatedEndpoint, max_in_window
+from dagster_batchllm.testing import (
+    EchoResponder,
+    Responder,
+    SimulatedEndpoint,
+    max_in_window,
+    openai_client,
+    post_json,
+)
 
 MODEL = "sim-model"
 
@@ -23,26 +29,11 @@ def ask(client: openai.OpenAI, text: str = "hello", **kwargs):
                                           **kwargs)
 
 
-def client_for(sim: SimulatedEndpoint, **kwargs) -> openai.OpenAI:
-    return openai.OpenAI(base_url=sim.base_url, api_key=kwargs.pop("api_key", "x"),
-                         max_retries=0, **kwargs)
+client_for = openai_client
 
 
 def raw_post(sim: SimulatedEndpoint, body: dict) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=5)
-    try:
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
-
-
-@pytest.fixture(scope="module")
-def sim():
-    with SimulatedEndpoint() as endpoint:
-        yield endpoint
+    return post_json(sim, "chat/completions", body)
 
 
 @pytest.fixture
