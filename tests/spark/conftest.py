@@ -54,3 +54,47 @@ class ModelEcho:
     def respond(self, model, messages, params) -> str:
         self.params.append(dict(params))
         return f"{model} says: {messages[-1]['content']}"
+
+
+@pytest.fixture
+def engines_over(spark, make_settings, make_client, tmp_path):
+    """Spark SQL and DuckDB over the same rows (the view ``call_center_transcripts``) and one
+    simulated endpoint serving ``llama-70b``, each engine with its own ledger (so each really
+    asks the endpoint): ``spark, con, sim = engines_over(rows, spark_schema)``."""
+    import duckdb
+
+    from dagster_batchllm import spark as batchllm_spark
+    from dagster_batchllm.sql import register_ai_functions
+    from dagster_batchllm.testing import SimulatedEndpoint
+
+    opened = []
+
+    def build(rows, spark_schema=None):
+        spark.createDataFrame(rows, spark_schema).createOrReplaceTempView(
+            "call_center_transcripts")
+        con = duckdb.connect()
+        con.register("call_center_transcripts", rows)
+        sim = SimulatedEndpoint(models=("llama-70b",)).start()
+        opened.append((con, sim))
+        batchllm_spark.register_ai_functions(
+            spark, make_settings(sim, store_url=f"sqlite:///{tmp_path / 'spark-ledger.db'}"))
+        register_ai_functions(
+            con, make_client(sim, store_url=f"sqlite:///{tmp_path / 'duckdb-ledger.db'}"))
+        return spark, con, sim
+
+    yield build
+    for con, sim in opened:
+        con.close()
+        sim.stop()
+
+
+@pytest.fixture
+def records():
+    """``records(frame, columns)``: a result's rows as tuples of plain values (None for NULL),
+    in call_id order, so two engines' results compare with ==."""
+
+    def as_tuples(frame, columns) -> list[tuple]:
+        frame = frame[columns].sort_values("call_id", ignore_index=True).astype(object)
+        return list(frame.where(frame.notna(), None).itertuples(index=False, name=None))
+
+    return as_tuples

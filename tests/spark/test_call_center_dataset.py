@@ -10,17 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import duckdb
 import pytest
 
-from dagster_batchllm import spark as batchllm_spark
-from dagster_batchllm.sql import execute, register_ai_functions
+from dagster_batchllm.sql import execute
 from dagster_batchllm.sql.compat import transcripts_frame
 from dagster_batchllm.sql.examples import (
     CALL_CENTER_PIPELINE,
     CALL_CENTER_PIPELINE_FAIL_ON_ERROR,
 )
-from dagster_batchllm.testing import SimulatedEndpoint
 
 pytestmark = pytest.mark.spark
 
@@ -43,32 +40,17 @@ def rows():
 
 
 @pytest.fixture
-def engines(spark, rows, make_settings, make_client, tmp_path):
-    spark.createDataFrame(rows[["call_id", "call_timestamp", "transcript_raw_text"]]
-                          ).createOrReplaceTempView("call_center_transcripts")
-    con = duckdb.connect()
-    con.register("call_center_transcripts", rows)
-    with SimulatedEndpoint(models=("llama-70b",)) as sim:
-        batchllm_spark.register_ai_functions(
-            spark, make_settings(sim, store_url=f"sqlite:///{tmp_path / 'spark.db'}"))
-        register_ai_functions(
-            con, make_client(sim, store_url=f"sqlite:///{tmp_path / 'duckdb.db'}"))
-        yield spark, con, sim
-    con.close()
+def engines(engines_over, rows):
+    return engines_over(rows[["call_id", "call_timestamp", "transcript_raw_text"]])
 
 
-def _records(frame, columns):
-    frame = frame[columns].sort_values("call_id", ignore_index=True).astype(object)
-    return list(frame.where(frame.notna(), None).itertuples(index=False, name=None))
-
-
-def test_the_example_runs_as_written_on_every_shipped_row(engines, rows):
+def test_the_example_runs_as_written_on_every_shipped_row(engines, rows, records):
     spark, con, sim = engines
     columns = ["call_id", "call_timestamp", "summary_analysis", "risk_level", "action_required"]
 
-    on_spark = _records(spark.sql(CALL_CENTER_PIPELINE).toPandas(), columns)
+    on_spark = records(spark.sql(CALL_CENTER_PIPELINE).toPandas(), columns)
     sent_by_spark = sim.stats(log=False)["requests"]
-    on_duckdb = _records(execute(con, CALL_CENTER_PIPELINE, dialect="databricks").df(), columns)
+    on_duckdb = records(execute(con, CALL_CENTER_PIPELINE, dialect="databricks").df(), columns)
     sent_by_duckdb = sim.stats(log=False)["requests"] - sent_by_spark
 
     assert on_duckdb == on_spark and len(on_spark) > 100
@@ -78,12 +60,12 @@ def test_the_example_runs_as_written_on_every_shipped_row(engines, rows):
     assert sent_by_spark == sent_by_duckdb == distinct
 
 
-def test_null_and_blank_transcripts_get_null_summaries_on_both_engines(engines, rows):
+def test_null_and_blank_transcripts_get_null_summaries_on_both_engines(engines, rows, records):
     spark, con, _ = engines
     columns = ["call_id", "transcript_text", "summary_analysis", "risk_level", "action_required"]
 
-    on_spark = _records(spark.sql(EVERY_ROW).toPandas(), columns)
-    on_duckdb = _records(execute(con, EVERY_ROW, dialect="databricks").df(), columns)
+    on_spark = records(spark.sql(EVERY_ROW).toPandas(), columns)
+    on_duckdb = records(execute(con, EVERY_ROW, dialect="databricks").df(), columns)
 
     assert on_duckdb == on_spark and len(on_spark) == 720
     empty = [r for r in on_spark if r[1] is None or not r[1].strip()]
@@ -91,14 +73,14 @@ def test_null_and_blank_transcripts_get_null_summaries_on_both_engines(engines, 
     assert {(r[2], r[3], r[4]) for r in empty} == {(None, "Low Risk", "General Inquiry")}
 
 
-def test_fail_on_error_false_runs_through_the_post_processing(engines, rows):
+def test_fail_on_error_false_runs_through_the_post_processing(engines, rows, records):
     spark, con, sim = engines
     columns = ["call_id", "summary_analysis", "summary_error", "risk_level", "action_required"]
 
     sim.script(400)  # final: one row of each engine's run fails
-    on_spark = _records(spark.sql(CALL_CENTER_PIPELINE_FAIL_ON_ERROR).toPandas(), columns)
+    on_spark = records(spark.sql(CALL_CENTER_PIPELINE_FAIL_ON_ERROR).toPandas(), columns)
     sim.script(400)
-    on_duckdb = _records(
+    on_duckdb = records(
         execute(con, CALL_CENTER_PIPELINE_FAIL_ON_ERROR, dialect="databricks").df(), columns)
 
     for result in (on_spark, on_duckdb):

@@ -13,10 +13,8 @@ import duckdb
 import pandas as pd
 import pytest
 
-from dagster_batchllm import spark as batchllm_spark
-from dagster_batchllm.sql import execute, register_ai_functions, translate
+from dagster_batchllm.sql import execute, translate
 from dagster_batchllm.sql.examples import CALL_CENTER_PIPELINE
-from dagster_batchllm.testing import SimulatedEndpoint
 
 pytestmark = pytest.mark.spark
 
@@ -56,35 +54,18 @@ def rows() -> pd.DataFrame:
 
 
 @pytest.fixture
-def engines(spark, rows, make_settings, make_client, tmp_path):
-    """Spark SQL and DuckDB over the same rows and simulated endpoint, each with its own ledger
-    (so each really asks the endpoint)."""
-    spark.createDataFrame(rows, "call_id string, call_timestamp timestamp, "
-                                "transcript_raw_text string").createOrReplaceTempView(
-        "call_center_transcripts")
-    con = duckdb.connect()
-    con.register("call_center_transcripts", rows)
-    with SimulatedEndpoint(models=("llama-70b",)) as sim:
-        batchllm_spark.register_ai_functions(
-            spark, make_settings(sim, store_url=f"sqlite:///{tmp_path / 'spark-ledger.db'}"))
-        register_ai_functions(
-            con, make_client(sim, store_url=f"sqlite:///{tmp_path / 'duckdb-ledger.db'}"))
-        yield spark, con, sim
-    con.close()
+def engines(engines_over, rows):
+    return engines_over(rows, "call_id string, call_timestamp timestamp, "
+                              "transcript_raw_text string")
 
 
-def _records(frame: pd.DataFrame, columns: list[str]) -> list[tuple]:
-    frame = frame[columns].sort_values("call_id", ignore_index=True).astype(object)
-    return list(frame.where(frame.notna(), None).itertuples(index=False, name=None))
-
-
-def test_the_example_gives_the_same_rows_on_duckdb_and_spark(engines, rows):
+def test_the_example_gives_the_same_rows_on_duckdb_and_spark(engines, rows, records):
     spark, con, sim = engines
     columns = ["call_id", "call_timestamp", "summary_analysis", "risk_level", "action_required"]
 
-    on_spark = _records(spark.sql(DATABRICKS_EXAMPLE).toPandas(), columns)
+    on_spark = records(spark.sql(DATABRICKS_EXAMPLE).toPandas(), columns)
     sent_by_spark = sim.stats(log=False)["requests"]
-    on_duckdb = _records(execute(con, DATABRICKS_EXAMPLE, dialect="databricks").df(), columns)
+    on_duckdb = records(execute(con, DATABRICKS_EXAMPLE, dialect="databricks").df(), columns)
 
     assert on_duckdb == on_spark
     labels = {(r[3], r[4]) for r in on_spark}
@@ -95,12 +76,12 @@ def test_the_example_gives_the_same_rows_on_duckdb_and_spark(engines, rows):
     assert 0 < sent_by_duckdb <= sent_by_spark <= rows["transcript_raw_text"].notna().sum()
 
 
-def test_every_row_cleaned_summarized_and_labelled_alike(engines, rows):
+def test_every_row_cleaned_summarized_and_labelled_alike(engines, rows, records):
     spark, con, _ = engines
     columns = ["call_id", "transcript_text", "summary_analysis", "risk_level", "action_required"]
 
-    on_spark = _records(spark.sql(EVERY_ROW).toPandas(), columns)
-    on_duckdb = _records(execute(con, EVERY_ROW, dialect="databricks").df(), columns)
+    on_spark = records(spark.sql(EVERY_ROW).toPandas(), columns)
+    on_duckdb = records(execute(con, EVERY_ROW, dialect="databricks").df(), columns)
 
     assert len(on_spark) == len(rows)
     mismatched = [(s, d) for s, d in zip(on_spark, on_duckdb, strict=True) if s != d]
