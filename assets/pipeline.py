@@ -3,6 +3,7 @@
 
 import re
 import warnings
+from typing import Any
 
 import dagster as dg
 import pandas as pd
@@ -63,16 +64,18 @@ DAILY_CALL_TABLE = dict(
 )
 
 
-def build_transcript_summaries(prompt: str = SUMMARY_PROMPT) -> dg.AssetsDefinition:
+def build_transcript_summaries(prompt: str = SUMMARY_PROMPT, **changes: Any
+                               ) -> dg.AssetsDefinition:
     """The summaries asset (another prompt gives another code version, and the UI then calls
-    the summaries and what they feed unsynced)."""
+    the summaries and what they feed unsynced); ``changes`` override the daily table's
+    options, e.g. the check thresholds."""
     return build_inference_asset(
         name="transcript_summaries",
         source=cleaned_transcripts,
         prompt=prompt,
         output_column="summary",
         max_tokens=128,
-        **DAILY_CALL_TABLE,
+        **{**DAILY_CALL_TABLE, **changes},
     )
 
 

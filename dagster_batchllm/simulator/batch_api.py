@@ -135,10 +135,7 @@ class BatchApi:
 
     def _file(self, request: web.Request) -> dict:
         file_id = request.match_info["file_id"]
-        record = self.store.files.get(file_id)
-        if record is None:
-            raise Reject(404, f"No such File object: {file_id}", "not_found", "id")
-        return record
+        return _found(self.store.files, file_id, f"No such File object: {file_id}", "id")
 
     # -- batches ---------------------------------------------------------------------
 
@@ -190,10 +187,16 @@ class BatchApi:
 
     def _batch(self, request: web.Request) -> dict:
         batch_id = request.match_info["batch_id"]
-        record = self.store.batches.get(batch_id)
-        if record is None:
-            raise Reject(404, f"No batch found with id '{batch_id}'.", "not_found", "batch_id")
-        return record
+        return _found(self.store.batches, batch_id, f"No batch found with id '{batch_id}'.",
+                      "batch_id")
+
+
+def _found(records: dict, key: str, missing: str, param: str) -> dict:
+    """The record under ``key``, or the 404 OpenAI answers for it (``missing``, ``param``)."""
+    record = records.get(key)
+    if record is None:
+        raise Reject(404, missing, "not_found", param)
+    return record
 
 
 def _page(records: list[dict], request: web.Request, default_limit: int) -> dict:

@@ -48,15 +48,6 @@ SCOPE = "summaries"
 
 
 @pytest.fixture
-def instance(tmp_path):
-    # In-memory run and event storage (a SQLite-backed instance costs ~50 ms per event); the
-    # IO manager still stores outputs under tmp_path, so reruns load their inputs.
-    instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
-    yield instance
-    instance.dispose()
-
-
-@pytest.fixture
 def clock(monkeypatch):
     """The sensors' notion of now, moved by hand."""
     now = {"t": 1_000_000.0}

@@ -270,11 +270,16 @@ def test_after_a_backfill_each_partition_shows_its_own_figures(backfilled):
     assert None not in {e["partition"] for e in executions}
     by_day = {e["partition"]: e for e in executions}
     assert by_day["2026-11-03"]["status"] == "SUCCEEDED"
+    assert by_day["2026-11-03"]["evaluation"]["description"].startswith("No row failed")
+    # The example warns above 5% failed rows (its data has ~2% blank transcripts on purpose;
+    # tests/dagster/test_partition_figures.py shows such days marked at a 1% threshold): these
+    # days pass, and their check still says which rows failed and what to do.
     for day in ("2026-11-02", "2026-11-04"):
-        assert by_day[day]["status"] == "FAILED"
-        assert by_day[day]["evaluation"]["severity"] == "WARN"
-        assert "a retry cannot fix these; fix the input" in by_day[day]["evaluation"][
-            "description"]
+        evaluation = by_day[day]["evaluation"]
+        assert by_day[day]["status"] == "SUCCEEDED"
+        assert evaluation["description"].startswith("3 of ")
+        assert "warn above 5.0%" in evaluation["description"]
+        assert "a retry cannot fix these; fix the input" in evaluation["description"]
 
 
 def _stale(ui: DagsterDev, day: str) -> dict[str, tuple[str, list[str]]]:
