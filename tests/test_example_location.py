@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from dagster_batchllm.testing import stop_process
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 PIPELINE = {"call_center_transcripts", "cleaned_transcripts", "transcript_summaries",
@@ -114,9 +116,4 @@ def test_webserver_serves_the_pipeline_over_graphql(location_env, tmp_path):
             assert {s["name"] for s in repository["sensors"]} >= SENSORS
             assert repository["schedules"]
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            stop_process(server, timeout=30)

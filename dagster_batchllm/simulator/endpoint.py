@@ -16,6 +16,7 @@ import time
 import weakref
 from pathlib import Path
 
+from .clients import stop_process
 from .responders import EchoResponder, Responder, load_responder
 from .server import ServerSettings, serve
 from .state import BATCH_STAGES, DEFAULT_CONFIG, SimState, control, normalize_outcome
@@ -368,13 +369,7 @@ class SimulatedEndpoint:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         if proc.stdout is not None:
             proc.stdout.close()
 

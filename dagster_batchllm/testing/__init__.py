@@ -12,7 +12,7 @@ Example::
         print(sim.stats()["by_status"])
 """
 
-from ..simulator.clients import openai_client, post_json, wait_for_batch
+from ..simulator.clients import openai_client, post_json, stop_process, wait_for_batch
 from ..simulator.endpoint import SimulatedEndpoint
 from ..simulator.images import data_uri, png_bytes
 from ..simulator.responders import EchoResponder, Responder, schema_instance
@@ -28,5 +28,6 @@ __all__ = [
     "png_bytes",
     "post_json",
     "schema_instance",
+    "stop_process",
     "wait_for_batch",
 ]
