@@ -10,15 +10,29 @@ pool, the transport's call, the lease back, and the retry loop of :mod:`.retries
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any, Protocol
 
-from .errors import ContextLengthExceededError, EndpointError, RowError, UnsupportedModelError
+from .errors import (
+    ContextLengthExceededError,
+    EndpointError,
+    EndpointUnreachableError,
+    RowError,
+    UnsupportedModelError,
+)
 from .ledger_writer import LedgerWriter
 from .pool import EndpointPool
 from .prompts import RowRequest
 from .retries import RetryPolicy
 from .settings import InferenceSettings
 from .transport import Completion, Transport
+
+# How long every endpoint of a model may refuse connections (or fail DNS or TLS) before the
+# call fails the rows still to send with ``endpoint_unreachable``: seconds, not the hours that
+# retries and cool-downs of a URL with nothing behind it would otherwise take. An endpoint that
+# answers slowly is not unreachable and is waited for.
+UNREACHABLE_AFTER_S = 15.0
 
 
 class Attempts:
@@ -60,9 +74,17 @@ class OnlineDelivery:
     """Each request sent now over HTTP to the least-loaded endpoint, retried as the policy says."""
 
     def __init__(self, settings: InferenceSettings, pool: EndpointPool, transport: Transport, *,
-                 route: str, writer: LedgerWriter):
-        """``writer``: sending waits while it holds a room's worth of unwritten answers."""
+                 route: str, writer: LedgerWriter, log: Any = None,
+                 unreachable_after_s: float | None = None):
+        """``writer``: sending waits while it holds a room's worth of unwritten answers;
+        ``unreachable_after_s``: see ``UNREACHABLE_AFTER_S``."""
         self.settings = settings
+        self.log = log or logging.getLogger("dagster_batchllm")
+        self.unreachable_after_s = (UNREACHABLE_AFTER_S if unreachable_after_s is None
+                                    else unreachable_after_s)
+        # endpoint name -> when it started failing to connect (cleared by any reply)
+        self._unreachable_since: dict[str, float] = {}
+        self._baseline: dict[str, dict[str, Any]] = {}
         self.pool = pool
         self.transport = transport
         self.route = route
@@ -85,13 +107,45 @@ class OnlineDelivery:
         return None
 
     async def open(self) -> None:
+        self._baseline = self.pool.snapshot()  # the pool outlives calls; figures are per call
         await self.transport.open(self.settings.endpoints, self.route)
 
     async def close(self) -> None:
         await self.transport.close()
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        return self.pool.snapshot()
+        """This call's figures per endpoint (the counters less those at ``open``)."""
+        figures = self.pool.snapshot()
+        for name, counters in figures.items():
+            before = self._baseline.get(name, {})
+            for counter in ("requests", "succeeded", "failed"):
+                counters[counter] -= before.get(counter, 0)
+        return figures
+
+    # -- unreachable endpoints ---------------------------------------------------------------
+    def _unreachable(self, exc: EndpointError, url: str) -> None:
+        name = exc.endpoint or ""
+        if name not in self._unreachable_since:
+            self._unreachable_since[name] = time.monotonic()
+            self.log.warning(
+                f"batchllm: endpoint '{name}' at {url} cannot be reached ({exc.message}); "
+                f"if no endpoint of the model can be reached for {self.unreachable_after_s:g} "
+                "s, the rows still to send fail with endpoint_unreachable")
+
+    def _check_reachable(self, model: str) -> None:
+        """Raise ``EndpointUnreachableError`` once every endpoint of ``model`` has failed to
+        connect for longer than the bound."""
+        since = self._unreachable_since
+        if not since:
+            return
+        serving = [e for e in self.settings.endpoints if model in e.models]
+        now = time.monotonic()
+        if all(now - since.get(e.name, now) >= self.unreachable_after_s for e in serving):
+            where = ", ".join(f"'{e.name}' at {e.base_url}" for e in serving)
+            raise EndpointUnreachableError(
+                f"no endpoint serving '{model}' could be connected to for "
+                f"{self.unreachable_after_s:g} s ({where}); nothing is listening there, the "
+                "host name does not resolve or TLS fails: check base_url")
 
     async def send(self, request: RowRequest, attempts: Attempts) -> Completion:
         """Attempts until one succeeds or the policy gives up. Each is a lease on an endpoint,
@@ -99,6 +153,8 @@ class OnlineDelivery:
         attempt would cost every request an allocation."""
         retry, pool, writer = self.retry, self.pool, self._writer
         while True:
+            if self._unreachable_since:
+                self._check_reachable(request.model)
             attempts.count += 1
             try:
                 lease = await pool.acquire(request.model, request.reserve_tokens)
@@ -117,6 +173,13 @@ class OnlineDelivery:
                 except EndpointError as exc:
                     pool.release(lease, success=False, unhealthy=exc.counts_against_endpoint,
                                  actual_tokens=None)
+                    if exc.unreachable:
+                        self._unreachable(exc, lease.endpoint.spec.base_url)
+                    elif self._unreachable_since:  # it answered: reachable after all
+                        self._unreachable_since.pop(lease.endpoint.spec.name, None)
+                    raise
+                except asyncio.CancelledError:  # the run stops: not the endpoint's fault
+                    pool.release(lease, success=False, unhealthy=False, actual_tokens=None)
                     raise
                 except BaseException:
                     pool.release(lease, success=False, unhealthy=True, actual_tokens=None)
@@ -130,6 +193,8 @@ class OnlineDelivery:
                         if completion.usage_reported else request.reserve_tokens)
                 attempts.spent += used
                 pool.release(lease, success=True, unhealthy=False, actual_tokens=used)
+                if self._unreachable_since:
+                    self._unreachable_since.pop(lease.endpoint.spec.name, None)
                 return completion
             await asyncio.sleep(delay)  # outside the handler: the error is not kept meanwhile
 

@@ -26,6 +26,7 @@ from typing import Any
 from .call import InferenceCall
 from .delivery import Attempts, Delivery, OnlineDelivery
 from .errors import DeferredError, InternalError, RowError
+from .journal import AnswerJournal, fold_abandoned, journal_dir_for
 from .ledger import DEFERRED, FAILED, OK, Ledger
 from .ledger_writer import LedgerUnwritable, LedgerWriter
 from .limits import TokenBudget
@@ -38,6 +39,9 @@ from .tasks import ChatTask, Task
 from .transport import Transport, make_transport
 
 _MAX_WORKERS = 8192
+# A stopping run (cancelled, interrupted, terminated) writes its answers for at most this long;
+# what is not written by then stays in the journal for the next run.
+_STOP_FLUSH_S = 3.0
 # The one vocabulary of row outcomes is RowStatus; the ledger's record statuses follow from it.
 _LEDGER_STATUS = {RowStatus.OK: OK, RowStatus.FAILED: FAILED, RowStatus.DEFERRED: DEFERRED}
 _OK, _CACHED, _FAILED = RowStatus.OK, RowStatus.CACHED, RowStatus.FAILED  # the hot path's
@@ -105,7 +109,7 @@ class InferenceRun:
         self.delivery = delivery or OnlineDelivery(
             settings, pool,
             transport or make_transport(settings.http_client, timeout_s=settings.request_timeout_s),
-            route=self.task.route, writer=self._writer)
+            route=self.task.route, writer=self._writer, log=self.log)
         self._coordination: RunCoordination[KeyState] | None = None
         self._done_rows = 0
         self._started = 0.0
@@ -115,38 +119,69 @@ class InferenceRun:
     # -- the run -----------------------------------------------------------------------------
     async def run(self) -> InferenceStats:
         self._started = time.perf_counter()
+        journal_dir = journal_dir_for(self.ledger)
+        await asyncio.to_thread(fold_abandoned, journal_dir, self.ledger, self.log)
+        journal = self._writer.journal = AnswerJournal(journal_dir) if journal_dir else None
         workers_n = max(1, min(_MAX_WORKERS, 2 * self.delivery.capacity()))
         queue: asyncio.Queue[KeyState | None] = asyncio.Queue(maxsize=workers_n)
-        coordination = self._coordination = await RunCoordination.join(
-            self.settings, self.ledger, self.pool, log=self.log,
-            description=f"run {self.run_id or '-'} partition {self.partition_key or '-'}")
-        await self.delivery.open()
-        background = [asyncio.create_task(self._writer.run()),
-                      asyncio.create_task(self._progress_loop())]
-        if coordination is not None:
-            background.append(asyncio.create_task(coordination.heartbeat_loop()))
-        workers = [asyncio.create_task(self._worker(queue)) for _ in range(workers_n)]
         try:
-            await self._produce(queue, workers_n)
-            await asyncio.gather(*workers)
-        finally:
-            for task in workers:
-                task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
-            # The flush loop is stopped, not cancelled: a write in progress must end before the
-            # last flush, or infer() could return before its records are in the ledger.
-            self._writer.stop()
-            for task in background[1:]:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            coordination = self._coordination = await RunCoordination.join(
+                self.settings, self.ledger, self.pool, log=self.log,
+                description=f"run {self.run_id or '-'} partition {self.partition_key or '-'}")
+        except BaseException:
+            if journal is not None:
+                journal.close(remove=True)  # nothing was sent
+            raise
+        written = False
+        stopping: BaseException | None = None
+        try:
+            await self.delivery.open()
+            background = [asyncio.create_task(self._writer.run()),
+                          asyncio.create_task(self._progress_loop())]
+            if coordination is not None:
+                background.append(asyncio.create_task(coordination.heartbeat_loop()))
+            workers = [asyncio.create_task(self._worker(queue)) for _ in range(workers_n)]
             try:
-                await asyncio.shield(asyncio.to_thread(self._writer.flush_remaining))
-            finally:  # also when the last write fails: close connections, leave the others
+                await self._produce(queue, workers_n)
+                await asyncio.gather(*workers)
+            except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
+                stopping = exc
+                self.log.warning(
+                    f"batchllm: stopping ({type(exc).__name__}): nothing more is sent, "
+                    f"{sum(1 for w in workers if not w.done())} workers' requests in flight "
+                    "are cancelled (a rerun sends them), the answers are being written")
+                raise
+            finally:
+                await self._stop_tasks(workers, background)
+                # On a stop the last write gets a few seconds; what it cannot write in them
+                # stays in the journal, which the next run folds into the ledger.
+                await asyncio.shield(asyncio.to_thread(
+                    self._writer.flush_remaining,
+                    within_s=_STOP_FLUSH_S if stopping is not None else None))
+                written = True
+        finally:
+            # Also when the last write fails: close connections, leave the other runs.
+            if journal is not None:
+                journal.close(remove=written)
+            try:
                 await self.delivery.close()
+            finally:
                 if coordination is not None:
                     await coordination.leave()
         self._finish_stats()
         return self.stats
+
+    async def _stop_tasks(self, workers: list[asyncio.Task],
+                          background: list[asyncio.Task]) -> None:
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        # The flush loop is stopped, not cancelled: a write in progress must end before the
+        # last flush, or infer() could return before its records are in the ledger.
+        self._writer.stop()
+        for task in background[1:]:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
 
     async def _produce(self, queue: asyncio.Queue, workers_n: int) -> None:
         chunk_rows = self.settings.chunk_rows
@@ -339,18 +374,27 @@ class InferenceRun:
     async def _progress_loop(self) -> None:
         interval = self.settings.progress_interval_s
         total = len(self.inputs)
+        last_done, last_change = 0, time.perf_counter()
         while True:
             await asyncio.sleep(interval)
-            elapsed = time.perf_counter() - self._started
+            now = time.perf_counter()
+            elapsed = now - self._started
             done = self._done_rows
+            if done != last_done:
+                last_done, last_change = done, now
             rate = done / elapsed if elapsed > 0 else 0.0
             tokens = self.stats.prompt_tokens + self.stats.completion_tokens
-            eta = (total - done) / rate if rate > 0 else float("inf")
             failed = sum(self.stats.errors_by_type.values())
+            if now - last_change >= interval and done < total:
+                # An ETA from a rate that has stopped grows without bound: say what happens.
+                outlook = f"no row finished in the last {now - last_change:.0f} s"
+            else:
+                eta = (total - done) / rate if rate > 0 else float("inf")
+                outlook = f"ETA {eta:.0f} s"
             self.log.info(
                 f"batchllm: {done}/{total} rows ({100 * done / max(total, 1):.0f}%), "
                 f"{rate:.0f} rows/s, {tokens / max(elapsed, 1e-9):.0f} tokens/s, "
-                f"{failed} failed rows, ETA {eta:.0f} s"
+                f"{failed} failed rows, {outlook}"
             )
 
     def _finish_stats(self) -> None:

@@ -55,6 +55,7 @@ KIND_BY_TYPE: dict[str, ErrorKind] = {
     ErrorType.CONNECTION_ERROR.value: ErrorKind.TRANSIENT,
     ErrorType.TIMEOUT.value: ErrorKind.TRANSIENT,
     ErrorType.NO_HEALTHY_ENDPOINT.value: ErrorKind.TRANSIENT,
+    ErrorType.ENDPOINT_UNREACHABLE.value: ErrorKind.TRANSIENT,
     ErrorType.INTERNAL.value: ErrorKind.TRANSIENT,
     ErrorType.MALFORMED_RESPONSE.value: ErrorKind.REPLY,
     ErrorType.STRUCTURED_OUTPUT.value: ErrorKind.REPLY,

@@ -34,6 +34,7 @@ class ErrorType(str, Enum):
     MALFORMED_RESPONSE = "malformed_response"
     STRUCTURED_OUTPUT = "invalid_structured_output"
     NO_HEALTHY_ENDPOINT = "no_healthy_endpoint"
+    ENDPOINT_UNREACHABLE = "endpoint_unreachable"
     REQUEST_TOO_LARGE = "request_too_large"
     DEFERRED = "deferred"
     INTERNAL = "internal_error"
@@ -121,8 +122,11 @@ class EndpointError(RowError):
         retryable: bool = False,
         retry_after_s: float | None = None,
         endpoint: str | None = None,
+        unreachable: bool = False,
     ):
         super().__init__(message, error_type=error_type)
+        #: the request never reached the server: no connection could be made at all
+        self.unreachable = unreachable
         self.status = status
         self.retryable = retryable
         self.retry_after_s = retry_after_s
@@ -148,14 +152,27 @@ class NoHealthyEndpointError(RowError):
     retryable = True
 
 
+class EndpointUnreachableError(RowError):
+    """No endpoint serving the model could be connected to (connection refused, name not
+    resolved, TLS failed) for longer than the bound: the row is not sent; a later run may."""
+
+    error_type = ErrorType.ENDPOINT_UNREACHABLE
+
+
 RETRYABLE_STATUSES = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 
 
 def classify_http_error(
-    status: int, body: str, *, retry_after_s: float | None, endpoint: str
+    status: int, body: str, *, retry_after_s: float | None, endpoint: str,
+    url: str | None = None,
 ) -> EndpointError:
-    """Turn a non-200 reply into a typed error, following openai-python's retry rules."""
+    """Turn a non-200 reply into a typed error, following openai-python's retry rules;
+    ``url``, the URL the request went to, makes a 404's message say where it looked."""
     snippet = _error_message_from_body(body)
+    if status == 404:
+        where = f" for {url}" if url else ""
+        snippet += (f" (no such route{where}: the endpoint's base_url usually ends in /v1, "
+                    "e.g. http://host:8000/v1; or the server does not serve that model)")
     lowered = snippet.lower()
     if status == 429:
         error_type = ErrorType.RATE_LIMITED

@@ -3,18 +3,44 @@
 Writes happen on a thread so the event loop keeps sending; a batch is written at half the
 writer's room so one half is written while the other fills. ``full`` tells the run to send
 nothing new while a room's worth of answers is unwritten: requests in flight plus unwritten
-answers are then all that a crash can make a rerun pay for twice.
+answers are then all that a crash can make a rerun pay for twice; with a journal (see
+:mod:`.journal`) each answer is on disk before it is acknowledged, so only what is in flight.
+
+A ledger database that goes away (restarted, network cut) pauses the run: writes are retried,
+sending waits while a room's worth is unwritten, and once the database is back every answer is
+written once. Only past ``outage_s`` of failing writes does the run stop with an error that
+names the database (its password redacted); the journal keeps the answers for the rerun.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
-from .ledger import Ledger
+import tenacity
 
-_MAX_WRITE_FAILURES = 5  # consecutive failed writes before the run stops sending
+from .journal import AnswerJournal
+from .ledger import OK, Ledger, redact_url
+
+# How long ledger writes may keep failing before the run gives up (a database restart or a
+# network cut of a minute pauses the run; longer fails it, and the journal keeps the answers).
+LEDGER_OUTAGE_S = 120.0
+_WARN_EVERY_S = 10.0  # while writes fail, one warning per this many seconds
+# Other failures (a full disk, a bad record) are not waited out: after this many in a row the
+# run stops sending.
+_MAX_OTHER_FAILURES = 5
+
+
+def database_away(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot be reached now (restarted, network cut), which
+    waiting fixes, rather than that the write itself fails."""
+    import sqlalchemy as sa
+
+    return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError,
+                            sa.exc.DisconnectionError)) or getattr(
+        exc, "connection_invalidated", False)
 
 
 class LedgerUnwritable(Exception):
@@ -23,9 +49,13 @@ class LedgerUnwritable(Exception):
 
 class LedgerWriter:
     def __init__(self, ledger: Ledger, *, room: int, interval_s: float,
-                 on_written: Callable[[list[str]], None], log: Any):
-        """``on_written(keys)`` runs on the writing thread after each successful write."""
+                 on_written: Callable[[list[str]], None], log: Any,
+                 journal: AnswerJournal | None = None, outage_s: float = LEDGER_OUTAGE_S):
+        """``on_written(keys)`` runs on the writing thread after each successful write;
+        ``journal`` gets each paid-for answer as it is added."""
         self.ledger = ledger
+        self.journal = journal
+        self.outage_s = outage_s
         self.room = max(1, room)
         self.interval_s = interval_s
         self.on_written = on_written
@@ -34,7 +64,9 @@ class LedgerWriter:
         self._buffer: list[dict[str, Any]] = []
         self._keys: list[str] = []
         self._writing = 0  # records of the batch being written right now
-        self._failures = 0
+        self._failing_since: float | None = None  # start of the current streak of failed writes
+        self._warned_at = 0.0
+        self._other_failures = 0
         self._stopping = False
         self._flush_now = asyncio.Event()
         self._written = asyncio.Event()  # set after each write (or failed write)
@@ -44,6 +76,8 @@ class LedgerWriter:
         return len(self._buffer) + self._writing >= self.room
 
     def add(self, record: dict[str, Any], key: str) -> None:
+        if self.journal is not None and record["status"] == OK and record["attempts"]:
+            self.journal.append(record)  # paid for: on disk before anyone relies on it
         self._buffer.append(record)
         self._keys.append(key)
         if len(self._buffer) >= max(1, self.room // 2):
@@ -60,10 +94,12 @@ class LedgerWriter:
     async def run(self) -> None:
         """The background writer; ends after ``stop()`` once a write in progress is done."""
         while not self._stopping:
+            # A timer, not asyncio.wait_for, which on Python 3.11 can swallow a cancellation.
+            timer = asyncio.get_running_loop().call_later(self.interval_s, self._flush_now.set)
             try:
-                await asyncio.wait_for(self._flush_now.wait(), timeout=self.interval_s)
-            except asyncio.TimeoutError:
-                pass
+                await self._flush_now.wait()
+            finally:
+                timer.cancel()
             self._flush_now.clear()
             if self._stopping or not self._buffer:
                 continue
@@ -74,31 +110,73 @@ class LedgerWriter:
             try:
                 await asyncio.to_thread(self._write, records, keys)
             except Exception as exc:  # keep the records; the next flush (or the last) retries
-                self.log.warning(f"batchllm: writing {len(records)} ledger records failed, "
-                                 f"will retry: {type(exc).__name__}: {exc}")
-                self._failures += 1
-                if self._failures >= _MAX_WRITE_FAILURES:
-                    self.error = exc
                 self._buffer[:0] = records
                 self._keys[:0] = keys
+                self._failed(exc, len(records))
                 if not self._stopping:
                     await asyncio.sleep(self.interval_s)
             else:
-                self._failures = 0
+                if self._failing_since is not None:
+                    self.log.warning(f"batchllm: the ledger database {self.where} is back after "
+                                     f"{time.monotonic() - self._failing_since:.0f} s; "
+                                     "writing the answers kept meanwhile")
+                self._failing_since = None
+                self._other_failures = 0
             finally:
                 self._writing = 0
                 self._written.set()
+
+    @property
+    def where(self) -> str:
+        return redact_url(self.ledger.url)
+
+    def _failed(self, exc: Exception, records: int) -> None:
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        down_s = now - self._failing_since
+        self._other_failures = 0 if database_away(exc) else self._other_failures + 1
+        if self._other_failures >= _MAX_OTHER_FAILURES:
+            self.error = exc
+        elif down_s >= self.outage_s:
+            self.error = LedgerUnwritable(
+                f"the ledger database {self.where} could not be written for {down_s:.0f} s "
+                f"(last error: {type(exc).__name__}: {str(exc)[:300]}); answered requests "
+                "are kept in the journal and written by the next run")
+        elif now - self._warned_at >= _WARN_EVERY_S:
+            self._warned_at = now
+            self.log.warning(
+                f"batchllm: writing {records} ledger records to {self.where} failed; sending "
+                f"pauses and the write is retried for up to {self.outage_s:g} s: "
+                f"{type(exc).__name__}: {str(exc)[:300]}")
 
     def stop(self) -> None:
         self._stopping = True
         self._flush_now.set()
 
-    def flush_remaining(self) -> None:
-        """The last write, after every worker and ``run()`` have stopped (blocking)."""
+    def flush_remaining(self, *, within_s: float | None = None) -> None:
+        """The last write, after every worker and ``run()`` have stopped (blocking); retried
+        while the database is away, for ``within_s`` (the outage bound by default)."""
         records, self._buffer = self._buffer, []
         keys, self._keys = self._keys, []
-        if records:
-            self._write(records, keys)
+        if not records:
+            return
+        limit = self.outage_s if within_s is None else within_s
+        if self._failing_since is not None:
+            limit = max(0.0, limit - (time.monotonic() - self._failing_since))
+        try:
+            for attempt in tenacity.Retrying(
+                stop=tenacity.stop_after_delay(limit),
+                wait=tenacity.wait_exponential(multiplier=0.1, max=2.0),
+                retry=tenacity.retry_if_exception(database_away), reraise=True,
+            ):
+                with attempt:
+                    self._write(records, keys)
+        except Exception as exc:
+            exc.add_note(f"batchllm: the ledger database {self.where} could not be written; the "
+                         f"{len(records)} outcomes not written are answered from the journal "
+                         "by the next run")
+            raise
 
     def _write(self, records: list[dict[str, Any]], keys: list[str]) -> None:
         self.ledger.upsert(records)

@@ -25,6 +25,11 @@ _MAX_WAIT_S = 1.0
 _MAX_COOLDOWN_FACTOR = 8
 
 
+def _wake_one(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class EndpointState:
     """Live state of one endpoint: leases out, limits, breaker and counters."""
 
@@ -165,16 +170,21 @@ class EndpointPool:
             lease, wait_s = self._try_acquire(serving, model, tokens)
             if lease is not None:
                 return lease
-            waiter = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
             self._waiters[model].append(waiter)
+            # A timer rather than asyncio.wait_for: on Python 3.11 wait_for returns the result
+            # of a waiter woken in the same loop turn as a cancellation and swallows the
+            # cancellation, so a stopping run's worker would go on sending (and never end).
+            timer = loop.call_later(min(wait_s, _MAX_WAIT_S), _wake_one, waiter)
             try:
-                await asyncio.wait_for(waiter, timeout=min(wait_s, _MAX_WAIT_S))
-            except asyncio.TimeoutError:
-                pass
+                await waiter
             except asyncio.CancelledError:
                 if waiter.done() and not waiter.cancelled():
                     self._wake(model)  # hand the wake-up we consumed to the next waiter
                 raise
+            finally:
+                timer.cancel()
 
     def _try_acquire(
         self, serving: list[EndpointState], model: str, tokens: int

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -113,11 +114,17 @@ def parse_completion(raw: bytes, *, endpoint: str, latency_s: float) -> Completi
     )
 
 
-def _connection_error(endpoint: str, exc: BaseException) -> EndpointError:
+def _connection_error(endpoint: str, exc: BaseException, *, unreachable: bool = False,
+                      reason: str = "") -> EndpointError:
+    """``unreachable``: no connection could be made (refused, DNS, TLS), as opposed to one
+    that broke while the request was out; ``reason`` says which, in words."""
     detail = str(exc) or type(exc).__name__
+    reason = reason or _connect_failure(exc)
     return EndpointError(
-        f"connection to endpoint '{endpoint}' failed: {type(exc).__name__}: {detail}"[:400],
+        f"connection to endpoint '{endpoint}' failed{': ' + reason if reason else ''}: "
+        f"{type(exc).__name__}: {detail}"[:400],
         error_type=ErrorType.CONNECTION_ERROR, retryable=True, endpoint=endpoint,
+        unreachable=unreachable,
     )
 
 
@@ -164,6 +171,9 @@ class AiohttpTransport:
                 headers = response.headers
         except asyncio.TimeoutError:
             raise _timeout_error(endpoint.name, self._timeout_s) from None
+        except aiohttp.ClientConnectorError as exc:  # refused, DNS, TLS: nothing was sent
+            raise _connection_error(endpoint.name, exc, unreachable=True,
+                                    reason=_connect_failure(exc)) from None
         except (aiohttp.ClientError, OSError) as exc:
             raise _connection_error(endpoint.name, exc) from None
         latency = time.perf_counter() - started
@@ -171,6 +181,7 @@ class AiohttpTransport:
             raise classify_http_error(
                 status, raw.decode("utf-8", "replace"),
                 retry_after_s=parse_retry_after(headers), endpoint=endpoint.name,
+                url=self._urls[endpoint.name],
             )
         return parse_completion(raw, endpoint=endpoint.name, latency_s=latency)
 
@@ -223,9 +234,12 @@ class OpenAITransport:
             raise classify_http_error(
                 exc.status_code, exc.response.text,
                 retry_after_s=parse_retry_after(exc.response.headers), endpoint=endpoint.name,
+                url=endpoint.chat_url,
             ) from None
         except openai.APIConnectionError as exc:
-            raise _connection_error(endpoint.name, exc.__cause__ or exc) from None
+            cause = exc.__cause__ or exc
+            raise _connection_error(endpoint.name, cause,
+                                    unreachable=_never_connected(cause)) from None
         latency = time.perf_counter() - started
         return parse_completion(raw.http_response.content, endpoint=endpoint.name,
                                 latency_s=latency)
@@ -234,6 +248,27 @@ class OpenAITransport:
         clients, self._clients = self._clients, {}
         for client in clients.values():
             await client.close()
+
+
+def _connect_failure(exc: BaseException) -> str:
+    """Why no connection was made, in words ("" when it is none of the usual reasons)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        name = type(exc).__name__
+        if isinstance(exc, ConnectionRefusedError):
+            return "connection refused (nothing listening at that host and port)"
+        if "DNS" in name or isinstance(exc, socket.gaierror):
+            return "the host name does not resolve (DNS failure)"
+        if "SSL" in name or "Certificate" in name:
+            return "TLS failed"
+        exc = getattr(exc, "os_error", None) or exc.__cause__ or exc.__context__
+    return ""
+
+
+def _never_connected(exc: BaseException) -> bool:
+    """Whether an httpx error says no connection was made (refused, DNS, TLS)."""
+    return type(exc).__name__ == "ConnectError" or isinstance(exc, ConnectionRefusedError)
 
 
 def openai_http_library() -> Any:

@@ -1,0 +1,114 @@
+"""A run's answers on local disk before the ledger has them, so a killed process loses none.
+
+The ledger is written in batches (see :mod:`.ledger_writer`); a SIGKILL, an out-of-memory kill
+or a pod evicted past its grace period loses the batch not written yet, and a rerun pays for
+those answers again. So each paid-for answer is first appended to a journal file of its run,
+one JSON line, by a single ``write`` (in the kernel's hands once it returns: a killed process
+loses nothing written). A run that ends removes its journal; the next run on the same ledger
+folds the journals of runs that died into the ledger before it looks anything up. A rerun then
+pays again only for the requests that were in flight.
+
+Each journal is locked (``flock``) by its live run, so another run never folds a journal that
+is still being written; the lock ends with the process, however it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows: no journal (the ledger's batches are all there is)
+    fcntl = None  # type: ignore[assignment]
+
+from .ledger import Ledger, redact_url
+
+_SUFFIX = ".jsonl"
+_FOLD_BATCH = 500
+
+
+def journal_dir_for(ledger: Ledger) -> Path | None:
+    """Where the journals of ``ledger``'s runs live: next to a SQLite file, else in the temp
+    dir under a name derived from the database and table (None for an in-memory ledger)."""
+    if ledger.in_memory or fcntl is None:
+        return None
+    url = ledger.engine.url
+    if url.get_backend_name() == "sqlite" and url.database:
+        return Path(url.database).resolve().parent / f".{Path(url.database).name}.journal"
+    digest = hashlib.sha256(
+        f"{redact_url(ledger.url)}|{ledger.table.fullname}".encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "batchllm-journal" / digest
+
+
+class AnswerJournal:
+    """This run's journal file; ``append`` a record, ``close`` (removing it) at the end."""
+
+    def __init__(self, directory: Path):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"{os.getpid()}-{uuid.uuid4().hex[:12]}{_SUFFIX}"
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def append(self, record: dict[str, Any]) -> None:
+        os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+
+    def close(self, *, remove: bool) -> None:
+        """``remove``: every record is in the ledger; otherwise the next run folds it."""
+        if self._fd < 0:
+            return
+        if remove:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+        os.close(self._fd)  # after the unlink: no other run can fold it in between
+        self._fd = -1
+
+
+def fold_abandoned(directory: Path | None, ledger: Ledger, log: Any) -> int:
+    """Write the records of journals whose run has died into ``ledger``; remove them.
+
+    Blocking (run it on a thread). Returns the records folded. A journal that cannot be read
+    or written stays for the next run, with a warning."""
+    if directory is None or not directory.is_dir():
+        return 0
+    folded = 0
+    for path in sorted(directory.glob(f"*{_SUFFIX}")):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # folded by another run just now
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # its run is alive
+                continue
+            records = _read_records(path)
+            for start in range(0, len(records), _FOLD_BATCH):
+                ledger.upsert(records[start:start + _FOLD_BATCH])
+            path.unlink()
+            folded += len(records)
+        except Exception as exc:  # kept for the next run; this run sends those requests
+            log.warning(f"batchllm: could not fold the answers journal {path} into the ledger "
+                        f"(kept for the next run): {type(exc).__name__}: {exc}")
+        finally:
+            os.close(fd)
+    if folded:
+        log.info(f"batchllm: folded {folded} answers of interrupted runs from {directory} "
+                 "into the ledger")
+    return folded
+
+
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    records = []
+    with path.open("rb") as lines:
+        for line in lines:
+            if not line.endswith(b"\n"):
+                break  # cut off by the kill: that answer was never acknowledged
+            records.append(json.loads(line))
+    return records
