@@ -236,35 +236,31 @@ class Ledger:
 
     def partitions_needing_retry(self, scope: str | None = None) -> dict[str, dict[str, int]]:
         """Partitions that still hold failed or deferred records, with their counts."""
-        t = self.table
-        query = (
-            sa.select(t.c.partition_key, t.c.status, sa.func.count())
-            .where(t.c.status.in_((FAILED, DEFERRED)), t.c.partition_key != "")
-            .group_by(t.c.partition_key, t.c.status)
-        )
-        if scope is not None:
-            query = query.where(t.c.scope == scope)
-        result: dict[str, dict[str, int]] = {}
-        with self.engine.connect() as conn:
-            for partition, status, count in conn.execute(query):
-                result.setdefault(partition, {FAILED: 0, DEFERRED: 0})[status] = int(count)
-        return result
+        counts = self._counts_by_partition(self.table.c.status, (FAILED, DEFERRED), scope)
+        return {partition: {FAILED: 0, DEFERRED: 0, **by_status}
+                for partition, by_status in counts.items()}
 
     def failed_by_error_type(self, scope: str | None = None) -> dict[str, dict[str, int]]:
         """Failed records of each partition by error type: ``{partition: {error_type: n}}``
         (so a reader can tell the failures a retry may fix from those it cannot)."""
+        return self._counts_by_partition(self.table.c.error_type, (FAILED,), scope)
+
+    def _counts_by_partition(self, column: sa.Column, statuses: tuple[str, ...],
+                             scope: str | None) -> dict[str, dict[str, int]]:
+        """Records of the given statuses per partition (partitioned ones only), by
+        ``column``'s value (None as "unknown")."""
         t = self.table
         query = (
-            sa.select(t.c.partition_key, t.c.error_type, sa.func.count())
-            .where(t.c.status == FAILED, t.c.partition_key != "")
-            .group_by(t.c.partition_key, t.c.error_type)
+            sa.select(t.c.partition_key, column, sa.func.count())
+            .where(t.c.status.in_(statuses), t.c.partition_key != "")
+            .group_by(t.c.partition_key, column)
         )
         if scope is not None:
             query = query.where(t.c.scope == scope)
         result: dict[str, dict[str, int]] = {}
         with self.engine.connect() as conn:
-            for partition, error_type, count in conn.execute(query):
-                result.setdefault(partition, {})[error_type or "unknown"] = int(count)
+            for partition, value, count in conn.execute(query):
+                result.setdefault(partition, {})[value or "unknown"] = int(count)
         return result
 
     def answer_tokens(self, keys: Iterable[str]) -> dict[str, dict[str, int]]:
