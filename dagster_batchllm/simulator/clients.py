@@ -55,3 +55,13 @@ def stop_process(proc: subprocess.Popen, *, timeout: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def wait_until(predicate: Any, timeout_s: float, what: str, *, poll_s: float = 0.01) -> None:
+    """Poll ``predicate()`` until it is true; an AssertionError naming ``what`` after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(poll_s)

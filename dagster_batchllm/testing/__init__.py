@@ -12,7 +12,13 @@ Example::
         print(sim.stats()["by_status"])
 """
 
-from ..simulator.clients import openai_client, post_json, stop_process, wait_for_batch
+from ..simulator.clients import (
+    openai_client,
+    post_json,
+    stop_process,
+    wait_for_batch,
+    wait_until,
+)
 from ..simulator.endpoint import SimulatedEndpoint
 from ..simulator.images import data_uri, png_bytes
 from ..simulator.responders import EchoResponder, Responder, schema_instance
@@ -30,4 +36,5 @@ __all__ = [
     "schema_instance",
     "stop_process",
     "wait_for_batch",
+    "wait_until",
 ]

@@ -8,14 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pandas as pd
 import pytest
 
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.ledger import Ledger
-from dagster_batchllm.testing import SimulatedEndpoint
+from dagster_batchllm.testing import SimulatedEndpoint, wait_until
 
 ROWS = 2000
 CONCURRENCY = 32
@@ -41,14 +40,6 @@ InferenceClient(settings).infer(df, prompt="Echo {text}", model="sim-model",
                                 output_column="out")
 print("finished", flush=True)
 """
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")

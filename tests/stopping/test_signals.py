@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dagster_batchllm.testing import SimulatedEndpoint
+from dagster_batchllm.testing import SimulatedEndpoint, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -42,14 +42,6 @@ except KeyboardInterrupt:
     print("KeyboardInterrupt reached the caller", flush=True)
     raise
 """
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def stop_mid_run(sim: SimulatedEndpoint, argv: list[str], sig: int, *, after_ok: int,
