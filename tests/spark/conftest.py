@@ -98,3 +98,15 @@ def records():
         return list(frame.where(frame.notna(), None).itertuples(index=False, name=None))
 
     return as_tuples
+
+
+@pytest.fixture
+def ai_spark(spark, make_settings):
+    """The AI functions registered in Spark SQL over a simulated endpoint serving
+    ``llama-70b``; the endpoint, to count what reached it."""
+    from dagster_batchllm.spark import register_ai_functions
+    from dagster_batchllm.testing import SimulatedEndpoint
+
+    with SimulatedEndpoint(models=("llama-70b",)) as sim:
+        register_ai_functions(spark, make_settings(sim))
+        yield sim

@@ -105,11 +105,9 @@ def test_the_same_requests_as_the_sql_module_share_the_ledger(spark, texts, make
     ("SELECT ai_gen(t, colour => 'red') FROM ai_function_texts", "no parameter 'colour'"),
     ("SELECT ai_summarize(t, 'many') FROM ai_function_texts", "must be an INTEGER"),
 ])
-def test_argument_mistakes_fail_the_query_before_any_request(spark, texts, make_settings,
+def test_argument_mistakes_fail_the_query_before_any_request(spark, texts, ai_spark,
                                                              query, message):
-    with SimulatedEndpoint(models=("llama-70b",)) as sim:
-        register_ai_functions(spark, make_settings(sim))
-        with pytest.raises(Exception, match=message) as info:
-            spark.sql(query).collect()
-        assert sim.stats(log=False)["requests"] == 0
+    with pytest.raises(Exception, match=message) as info:
+        spark.sql(query).collect()
+    assert ai_spark.stats(log=False)["requests"] == 0
     assert isinstance(info.value, InferenceConfigError) or message in str(info.value)

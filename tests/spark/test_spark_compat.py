@@ -78,11 +78,8 @@ def test_the_older_name_value_form_runs_in_spark_sql(spark, texts, make_settings
     ("'returntype', 'STRING'", "names are case-sensitive"),
     ("'returnType', 'INT'", "returns STRING"),
 ])
-def test_malformed_name_value_pairs_fail_before_any_request(spark, texts, make_settings,
+def test_malformed_name_value_pairs_fail_before_any_request(spark, texts, ai_spark,
                                                             arguments, message):
-    with SimulatedEndpoint(models=("llama-70b",)) as sim:
-        register_ai_functions(spark, make_settings(sim))
-        with pytest.raises(Exception, match=message):
-            spark.sql(f"SELECT ai_query('llama-70b', x, {arguments}) FROM compat_texts"
-                      ).collect()
-        assert sim.stats(log=False)["requests"] == 0
+    with pytest.raises(Exception, match=message):
+        spark.sql(f"SELECT ai_query('llama-70b', x, {arguments}) FROM compat_texts").collect()
+    assert ai_spark.stats(log=False)["requests"] == 0

@@ -116,13 +116,11 @@ def test_model_parameters_and_response_format_reach_the_endpoint(spark, transcri
      "must be a constant"),
     ("ai_query('llama-70b', transcript_raw_text, temperature => 0.1)", "has no parameter"),
 ])
-def test_argument_mistakes_fail_the_query_before_any_request(spark, transcripts, make_settings,
+def test_argument_mistakes_fail_the_query_before_any_request(spark, transcripts, ai_spark,
                                                              query, message):
-    with SimulatedEndpoint(models=("llama-70b",)) as sim:
-        register_ai_functions(spark, make_settings(sim))
-        with pytest.raises(Exception, match=message):
-            spark.sql(f"SELECT {query} FROM call_center_transcripts").collect()
-        assert sim.stats(log=False)["requests"] == 0
+    with pytest.raises(Exception, match=message):
+        spark.sql(f"SELECT {query} FROM call_center_transcripts").collect()
+    assert ai_spark.stats(log=False)["requests"] == 0
 
 
 def test_an_endpoint_name_serving_one_model_stands_for_it(spark, transcripts, make_settings):
