@@ -25,7 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InferenceConfigError
+from .errors import InferenceConfigError, InvalidInputError
+from .images import DEFAULT_MAX_IMAGE_BYTES, IMAGE_DETAILS, image_columns
 from .ledger import validate_identifier
 
 # The OpenAI chat parameters a call may set besides max_tokens and temperature.
@@ -69,6 +70,16 @@ class InferenceCall:
     cells_as_text: bool = _field(
         False, "Render numbers, booleans, timestamps and UTF-8 bytes in prompt cells as text; "
         "by default such a cell is a per-row error (it is usually the wrong column).")
+    images: str | list[str] | None = _field(
+        None, "A column (or list of columns) of images sent with each row's prompt: bytes, "
+        "local file paths or http(s) URLs (a cell may hold a list of them, e.g. a document's "
+        "pages). Bytes and files are sent as data: URIs (PNG, JPEG, WebP or GIF).")
+    image_detail: str = _field(
+        "auto", "OpenAI's image detail: 'auto' (not sent; budgeted as 'high'), 'low' (85 "
+        "tokens an image) or 'high' (85 + 170 per 512-pixel tile).")
+    max_image_bytes: int = _field(
+        DEFAULT_MAX_IMAGE_BYTES, "Largest image a row may send, in bytes (OpenAI's limit, "
+        "20 MiB, by default); a larger one is a per-row error.")
     token_budget: int | None = _field(
         None, "Most tokens this call may spend; rows past it are deferred to a later call.")
     scope: str = _field("", "The ledger scope of the rows (an asset's key).")
@@ -106,8 +117,27 @@ class InferenceCall:
             )
         set_(self, "generation_params", {k: checked_param(k, v) for k, v in params.items()})
         set_(self, "response_format", normalize_response_format(self.response_format))
+        self._check_images()
         set_(self, "scope", self.scope or "")
         set_(self, "partition_key", self.partition_key or "")
+
+    def _check_images(self) -> None:
+        try:
+            names = image_columns(self.images)
+        except InvalidInputError as exc:
+            raise InferenceConfigError(str(exc)) from None
+        object.__setattr__(self, "images", list(names) or None)
+        if names and self.messages_column is not None:
+            raise InferenceConfigError(
+                "images= adds image parts to the prompt's user message; a messages_column "
+                "holds whole conversations, so put the image parts in its messages instead.")
+        if self.image_detail not in IMAGE_DETAILS:
+            raise InferenceConfigError(
+                f"image_detail must be one of {list(IMAGE_DETAILS)}, got {self.image_detail!r}.")
+        limit = self.max_image_bytes
+        if isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1:
+            raise InferenceConfigError(
+                f"max_image_bytes must be a positive whole number, got {limit!r}.")
 
     # -- building ------------------------------------------------------------------------------
     @classmethod
@@ -166,11 +196,14 @@ class InferenceCall:
     @property
     def code_version(self) -> str:
         """A short hash of everything in the call that goes into request keys (prompt, system,
-        model, generation parameters, response format): when it changes, every row's key
-        changes and a rerun pays for every row again, so Dagster should call the asset stale.
-        Settings of the resource that also reach the request (its default model and
-        max_tokens) are not part of it."""
+        model, generation parameters, response format, image columns and detail): when it
+        changes, every row's key changes and a rerun pays for every row again, so Dagster
+        should call the asset stale. Settings of the resource that also reach the request (its
+        default model and max_tokens) are not part of it. The image fields count only when
+        images are sent, so a text-only call keeps the version it had before they existed."""
         sent = {name: getattr(self, name) for name in _SENT_FIELDS}
+        if self.images:
+            sent.update({name: getattr(self, name) for name in _IMAGE_FIELDS})
         text = json.dumps(sent, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
@@ -199,6 +232,7 @@ class InferenceCall:
         for col in (self.prompt_column, self.messages_column, self.model_column):
             if col:
                 cols.append(col)
+        cols.extend(self.images or ())
         return list(dict.fromkeys(cols))
 
 
@@ -207,6 +241,7 @@ _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(InferenceCall))
 _SENT_FIELDS = ("prompt", "prompt_column", "messages_column", "system", "model", "model_column",
                 "max_tokens", "temperature", "generation_params", "response_format",
                 "cells_as_text")
+_IMAGE_FIELDS = ("images", "image_detail")
 
 
 _INTEGER_PARAMS = frozenset({"max_tokens", "seed", "n"})

@@ -184,7 +184,8 @@ class InferenceRun:
         await asyncio.gather(*background, return_exceptions=True)
 
     async def _produce(self, queue: asyncio.Queue, workers_n: int) -> None:
-        chunk_rows = self.settings.chunk_rows
+        chunk_rows = min(self.settings.chunk_rows,
+                         self.task.max_chunk_rows or self.settings.chunk_rows)
         coordination = self._coordination
         for start in range(0, len(self.inputs), chunk_rows):
             rows = row_tuples(self.inputs.iloc[start:start + chunk_rows])

@@ -17,6 +17,7 @@ from typing import Any
 
 from .call import InferenceCall
 from .errors import InvalidInputError, RowError
+from .images import image_parts
 
 # Reservations must never be below what the server will count. Byte-level BPE and SentencePiece
 # with byte fallback emit at most one token per UTF-8 byte, plus a few chat-template tokens per
@@ -64,6 +65,7 @@ def iter_row_requests(
         params["response_format"] = spec.response_format
     max_tokens = int(params["max_tokens"])
     as_text = spec.cells_as_text
+    image_columns = [(c, position[c]) for c in spec.images or ()]
     for row in rows:
         try:
             if spec.messages_column is not None:
@@ -81,7 +83,11 @@ def iter_row_requests(
             model = spec.model if spec.model is not None else _cell_text(
                 row[position[spec.model_column]], spec.model_column
             )
-            yield make_request(model, messages, params, max_tokens)
+            if image_columns:
+                yield _with_images(model, messages, row, image_columns, spec, params,
+                                   max_tokens)
+            else:
+                yield make_request(model, messages, params, max_tokens)
         except RowError as error:
             yield error
 
@@ -89,14 +95,7 @@ def iter_row_requests(
 def make_request(
     model: str, messages: list[dict[str, Any]], params: Mapping[str, Any], max_tokens: int
 ) -> RowRequest:
-    payload = {"model": model, "messages": messages, **params}
-    try:
-        body = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
-                          allow_nan=False).encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(f"the prompt is not valid Unicode text ({exc.reason})") from None
-    except (ValueError, TypeError) as exc:  # NaN, or a cell object JSON cannot hold
-        raise InvalidInputError(f"the request cannot be encoded as JSON ({exc})") from None
+    body = _encode({"model": model, "messages": messages, **params})
     content_bytes = 0
     content_chars = 0
     for message in messages:
@@ -107,6 +106,44 @@ def make_request(
     n = len(messages)
     typical = math.ceil(content_chars / _TYPICAL_CHARS_PER_TOKEN) + 4 * n
     upper = content_bytes + _TEMPLATE_TOKENS_PER_MESSAGE * n + _TEMPLATE_TOKENS_PER_REQUEST
+    return RowRequest(
+        key=hashlib.sha256(body).hexdigest(), model=model, body=body,
+        reserve_tokens=upper + max_tokens, typical_prompt_tokens=typical, max_tokens=max_tokens,
+    )
+
+
+def _encode(payload: dict[str, Any]) -> bytes:
+    try:
+        return json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(f"the prompt is not valid Unicode text ({exc.reason})") from None
+    except (ValueError, TypeError) as exc:  # NaN, or a cell object JSON cannot hold
+        raise InvalidInputError(f"the request cannot be encoded as JSON ({exc})") from None
+
+
+def _with_images(model: str, messages: list[dict[str, Any]], row: tuple,
+                 image_columns: list[tuple[str, int]], spec: InferenceCall,
+                 params: Mapping[str, Any], max_tokens: int) -> RowRequest:
+    """The request with the row's images as parts of its user message (after the text).
+
+    The key is still the hash of the body, so it covers the image bytes. The token bounds
+    count the text as ``make_request`` does (not the base64, which the server does not count
+    as text) plus each image's cost (:func:`~.images.image_tokens`)."""
+    parts = [part for column, i in image_columns
+             for part in image_parts(row[i], column, spec.image_detail, spec.max_image_bytes)]
+    text = messages[-1]["content"]
+    messages[-1] = {"role": "user",
+                    "content": [{"type": "text", "text": text}, *(p.part for p in parts)]}
+    body = _encode({"model": model, "messages": messages, **params})
+    texts = [m["content"] for m in messages[:-1]] + [text]
+    chars = sum(len(t) for t in texts)
+    text_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    image_tokens = sum(p.tokens for p in parts)
+    n = len(messages)
+    typical = math.ceil(chars / _TYPICAL_CHARS_PER_TOKEN) + 4 * n + image_tokens
+    upper = (text_bytes + image_tokens + _TEMPLATE_TOKENS_PER_MESSAGE * n
+             + _TEMPLATE_TOKENS_PER_REQUEST)
     return RowRequest(
         key=hashlib.sha256(body).hexdigest(), model=model, body=body,
         reserve_tokens=upper + max_tokens, typical_prompt_tokens=typical, max_tokens=max_tokens,

@@ -37,6 +37,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
+from ..ai_functions import documents
 from ..ai_functions.calls import BoundCall, sendable
 from ..ai_functions.catalogue import (
     AI_QUERY,
@@ -57,6 +58,8 @@ from .runtime import Row, Runtime
 CALL_UDF = "__batchllm_call"
 _RESULT_STRUCT = re.compile(r"STRUCT\(result [^)]*errorMessage VARCHAR\)")
 TYPE_UDF = "__batchllm_type"
+# ai_parse_document: one Python function per input type (a BLOB of the PDF, a path to it).
+PARSE_BLOB_UDF, PARSE_PATH_UDF = "__batchllm_parse_document_blob", "__batchllm_parse_document_path"
 
 _INTEGERS = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
              "UINTEGER", "UBIGINT", "UHUGEINT"}
@@ -83,7 +86,7 @@ class DuckDBFunctions:
         import duckdb
 
         con = self.connection
-        for udf in (CALL_UDF, TYPE_UDF):
+        for udf in (CALL_UDF, TYPE_UDF, PARSE_BLOB_UDF, PARSE_PATH_UDF):
             try:
                 con.remove_function(udf)
             except duckdb.InvalidInputException:
@@ -96,6 +99,7 @@ class DuckDBFunctions:
                             null_handling="special", side_effects=True)
         for function in FUNCTIONS.values():
             con.execute(macro_sql(function))
+        install_parse_document(con)
 
     def execute(self, query: str, parameters: Any = None) -> Any:
         """Run one statement; DuckDB already batches, so this is ``connection.execute``.
@@ -158,6 +162,23 @@ class DuckDBFunctions:
         if errors:
             raise failure(spec.name, errors, len(firsts))
         return pa.array(out, type=pa.string())
+
+
+def install_parse_document(con: Any) -> None:
+    """``ai_parse_document(content)``: no model, so a plain scalar UDF (pdfium is serialized
+    in-process anyway). The macro picks the BLOB or the path function by the argument's type;
+    DuckDB evaluates only the CASE branch a row takes."""
+    result = documents.PARSED_DOCUMENT.duckdb_type()
+    for name, kind in ((PARSE_BLOB_UDF, "BLOB"), (PARSE_PATH_UDF, "VARCHAR")):
+        con.create_function(name, documents.parse_document_value, [kind], result,
+                            null_handling="special", side_effects=False)
+    con.execute(
+        f"CREATE OR REPLACE TEMP MACRO {documents.NAME}(content) AS CASE "
+        f"WHEN typeof(content) = 'BLOB' THEN {PARSE_BLOB_UDF}(TRY_CAST(content AS BLOB)) "
+        f"WHEN typeof(content) IN ('VARCHAR', 'NULL') "
+        f"THEN {PARSE_PATH_UDF}(CAST(content AS VARCHAR)) "
+        f"ELSE error('{documents.NAME}: content must be a BLOB (the PDF) or a VARCHAR (its "
+        f"path), got ' || typeof(content)) END")
 
 
 def result_structure(function: str, types: list[str], options: str) -> str:

@@ -35,7 +35,8 @@ What they refuse, with :class:`~.errors.UnsupportedTask` (the server answers HTT
 ``unsupported_task``, a message saying a real model endpoint is needed; the client does not
 retry it): translation (``ai_translate``), grammar correction (``ai_fix_grammar``), free
 generation (``ai_gen`` prompts and any prompt that asks to write, explain, answer ...), short
-open questions, masking a kind of data no pattern finds (``ai_mask(t, ['city'])``: masking
+open questions, reading images (any request with an image part: a vision model is needed),
+masking a kind of data no pattern finds (``ai_mask(t, ['city'])``: masking
 the rest would leak it), and extracting a plain-text answer no pattern finds.
 
 Deterministic (``temperature``/``seed`` are ignored), thread-safe (no per-request state is
@@ -46,6 +47,7 @@ from the summarizer (nothing to summarize).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -73,6 +75,13 @@ ALIAS = "local"
 EMBEDDER = embedder.MODEL_NAME
 LOCAL_MODELS: tuple[str, ...] = (SUMMARIZER, CLASSIFIER)
 EMBEDDING_MODELS: tuple[str, ...] = (EMBEDDER,)
+# How the simulated server shows the responder an image part (simulator/images.py ImagePart.marker):
+# the pixels never reach a responder, so an image is a line like this in the user message.
+_IMAGE_MARKER = re.compile(r"^\[(?:remote )?image sha256:[0-9a-f]{12}\]$", re.M)
+IMAGE_REFUSAL = ("read images: an image has no text layer for a classical model to work on, "
+                 "so a vision model endpoint is needed (a PDF's text layer needs no model: "
+                 "ai_parse_document, or dagster_batchllm.documents.parse_document, and send "
+                 "the text)")
 # Tasks a prompt can name that no classical method here does.
 REFUSED_TASKS = {"translate": "translate text", "fix_grammar": "correct grammar or spelling"}
 
@@ -128,6 +137,9 @@ class ClassicalResponder:
         """The assistant message content for one chat completion request."""
         if model not in (*LOCAL_MODELS, ALIAS):
             raise UnknownModelError(f"model {model!r} is not served here; try {LOCAL_MODELS}")
+        if any(_IMAGE_MARKER.search(str(m.get("content") or "")) for m in messages
+               if m.get("role", "user") == "user"):
+            raise UnsupportedTask(IMAGE_REFUSAL)
         request = parse(messages)
         schema = _schema_of((params or {}).get("response_format"))
         task = request.task
