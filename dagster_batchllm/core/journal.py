@@ -52,9 +52,14 @@ class AnswerJournal:
 
     def __init__(self, directory: Path):
         directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"{os.getpid()}-{uuid.uuid4().hex[:12]}{_SUFFIX}"
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.path = directory / f"{name}{_SUFFIX}"
+        # Locked under a name folding ignores, then renamed (the lock stays with the file): a
+        # run that folds at the same moment never takes an unlocked new journal for a dead one.
+        creating = directory / f"{name}.creating"
+        self._fd = os.open(creating, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(creating, self.path)
 
     def append(self, record: dict[str, Any]) -> None:
         os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())

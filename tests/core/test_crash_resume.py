@@ -124,3 +124,41 @@ def test_a_ledger_that_cannot_be_written_stops_the_run_sending_and_raises(sim, m
     # It stopped paying for answers it could not keep: far fewer than 3,000 were sent.
     sent = sim.stats(log=False)["requests"]
     assert 0 < sent <= 300
+
+
+def test_a_new_journal_is_never_folded_by_a_run_starting_at_the_same_moment(tmp_path,
+                                                                          monkeypatch):
+    """Runs of one process start together (the SQL functions answer batches concurrently): a
+    run folding abandoned journals must not take another's brand-new journal for a dead one.
+    The race is made to happen: another run folds right before the new journal takes its lock."""
+    import fcntl
+    import logging
+    import types
+
+    from dagster_batchllm.core import journal as journal_module
+    from dagster_batchllm.core.journal import AnswerJournal, fold_abandoned
+    from dagster_batchllm.core.ledger import Ledger
+
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    directory = tmp_path / ".ledger.db.journal"
+    folding = {"active": False}
+
+    def flock_after_another_run_folds(fd, operation):
+        if not folding["active"]:  # the new journal locking itself: another run folds first
+            folding["active"] = True
+            try:
+                fold_abandoned(directory, ledger, logging.getLogger("test"))
+            finally:
+                folding["active"] = False
+        return fcntl.flock(fd, operation)
+
+    monkeypatch.setattr(journal_module, "fcntl", types.SimpleNamespace(
+        flock=flock_after_another_run_folds, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB))
+    journal = AnswerJournal(directory)
+    try:
+        assert journal.path.exists()  # not folded away while its run is alive
+        journal.append({"request_key": "k"})
+        assert journal.path.read_text().count("\n") == 1
+    finally:
+        journal.close(remove=True)
+        ledger.dispose()
