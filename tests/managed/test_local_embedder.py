@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -23,15 +22,6 @@ DATA_DIR = Path(__file__).resolve().parents[2] / "assets" / "data"
 MIN_TOPIC_NN = 0.85
 MIN_KIND_NN = 0.45
 MIN_MARGIN = 0.02
-
-
-@pytest.fixture(scope="module")
-def generator():
-    spec = importlib.util.spec_from_file_location(
-        "generate_transcripts", DATA_DIR / "generate_transcripts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ transcripts dataset."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import statistics
@@ -39,14 +38,6 @@ MIN_ACTION_AGREEMENT = 0.80
 MIN_RISK_AGREEMENT = 0.70
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location(
-        "generate_transcripts", DATA_DIR / "generate_transcripts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def clean(text: str) -> str:
     """What the Databricks example does before inference: letters and whitespace only."""
     return re.sub(r"[^a-zA-Z\s]", "", text).lower()
@@ -54,11 +45,6 @@ def clean(text: str) -> str:
 
 def ask(responder, model: str, prompt: str, **params) -> str:
     return responder.respond(model, [{"role": "user", "content": prompt}], params)
-
-
-@pytest.fixture(scope="module")
-def generator():
-    return _load_generator()
 
 
 @pytest.fixture(scope="module")
