@@ -44,11 +44,15 @@ _HOST = socket.gethostname()[:32]
 _BATCH = 500
 
 
+def _beside(ledger_table: sa.Table, suffix: str, *columns: sa.Column) -> sa.Table:
+    """A table next to the ledger (same schema, the ledger's name plus ``suffix``)."""
+    return sa.Table(f"{ledger_table.name}{suffix}", sa.MetaData(schema=ledger_table.schema),
+                    *columns)
+
+
 def _holders_table(ledger_table: sa.Table) -> sa.Table:
-    metadata = sa.MetaData(schema=ledger_table.schema)
-    return sa.Table(
-        f"{ledger_table.name}_runs",
-        metadata,
+    return _beside(
+        ledger_table, "_runs",
         sa.Column("holder_id", sa.String(64), primary_key=True),
         sa.Column("endpoint", sa.String(255), primary_key=True),
         sa.Column("heartbeat_at", sa.Float, nullable=False),
@@ -61,10 +65,8 @@ def _holders_table(ledger_table: sa.Table) -> sa.Table:
 
 
 def _claims_table(ledger_table: sa.Table) -> sa.Table:
-    metadata = sa.MetaData(schema=ledger_table.schema)
-    return sa.Table(
-        f"{ledger_table.name}_claims",
-        metadata,
+    return _beside(
+        ledger_table, "_claims",
         sa.Column("request_key", sa.String(64), primary_key=True),
         sa.Column("holder_id", sa.String(64), nullable=False),
         sa.Column("claimed_at", sa.Float, nullable=False),

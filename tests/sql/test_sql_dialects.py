@@ -70,21 +70,18 @@ def recorder():
 
 
 @pytest.fixture
-def duck():
-    con = duckdb.connect()
+def duck(tables_in):
+    con = tables_in(duckdb.connect())
     con.execute("CREATE TABLE tickets AS SELECT * FROM (VALUES (1, ?), (2, ?)) t(id, text)",
                 TICKETS)
-    yield con
-    con.close()
+    return con
 
 
 @pytest.fixture
-def lite():
-    con = sqlite3.connect(":memory:")
-    con.execute("CREATE TABLE tickets (id INTEGER PRIMARY KEY, text TEXT)")
-    con.executemany("INSERT INTO tickets (text) VALUES (?)", [(t,) for t in TICKETS])
-    yield con
-    con.close()
+def lite(tables_in):
+    return tables_in(sqlite3.connect(":memory:"),
+                     "CREATE TABLE tickets (id INTEGER PRIMARY KEY, text TEXT)",
+                     ("INSERT INTO tickets (text) VALUES (?)", [(t,) for t in TICKETS]))
 
 
 def _sent_tuned(responder: Recorder) -> list[dict]:
