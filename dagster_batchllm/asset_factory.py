@@ -11,9 +11,8 @@ import dagster as dg
 from .checks import check_events, inference_check_results, inference_check_specs
 from .context import read_context
 from .core.call import InferenceCall
-from .core.errors import InferenceConfigError, RowError
+from .core.errors import InferenceConfigError
 from .core.ledger import validate_identifier
-from .core.prompts import iter_row_requests, row_tuples
 from .core.results import InferenceResult, InferenceStats
 from .metadata import (
     answer_figures,
@@ -160,7 +159,8 @@ def build_inference_asset(
             # Each call covers its whole partition, so records of requests this partition no
             # longer asks for (its input changed) are retired and stop marking it for retry.
             inferred[key] = (frame, llm.infer(frame, call, context=context, partition_key=key,
-                                              supersede_stale=key is not None))
+                                              supersede_stale=key is not None,
+                                              collect_keys=True))
         frames = [result.df for _, result in inferred.values()]
         table = _concat_in_order(frames) if _POSITION in frames[0].columns else frames[0]
         if schema_fields:
@@ -176,7 +176,9 @@ def build_inference_asset(
         for key in keys:
             frame, result = inferred.get(key, (source_table.iloc[0:0], None))
             stats = result.stats if result is not None else InferenceStats()
-            answers = _answer_tokens(llm, frame, call)
+            # What the answers the table holds cost: the run's own request keys, looked up.
+            answers = (llm.ledger.answer_tokens(result.request_keys)
+                       if result is not None else {})
             rows_out = _rows_of(table, key, partition_column, single=len(keys) == 1)
             failed = failed_rows_table(result, key_columns) if result is not None else None
             metadata_by_key[key] = {
@@ -324,18 +326,6 @@ def _rows_of(table: Any, key: str | None, partition_column: str | None, *, singl
             "each partition of this run cannot be told apart; keep it in the output."
         )
     return table[(table[partition_column].astype(str) == key).to_numpy()]
-
-
-def _answer_tokens(llm: Any, frame: Any, call: InferenceCall) -> dict[str, dict[str, int]]:
-    """What the answers to the partition's requests cost when they were paid for (by model),
-    from the ledger: the request keys are rendered as the client renders them."""
-    settings = llm.client.settings
-    bound = call.bind(list(frame.columns), settings.models, settings.model_when_unnamed)
-    rows = row_tuples(frame[bound.input_columns()])
-    keys = [item.key for item in iter_row_requests(
-        rows, bound, default_max_tokens=settings.default_max_tokens)
-        if not isinstance(item, RowError)]
-    return llm.ledger.answer_tokens(keys)
 
 
 def _models_named(call: InferenceCall, default_model: str | None) -> str:

@@ -91,6 +91,7 @@ class InferenceClient:
         *,
         run_id: str | None = None,
         supersede_stale: bool = False,
+        collect_keys: bool = False,
         logger: Any = None,
         **call_fields: Any,
     ) -> InferenceResult:
@@ -99,6 +100,8 @@ class InferenceClient:
         ``call`` (an :class:`InferenceCall`) says what to send; ``call_fields`` are its fields
         (``prompt=``, ``model=``, ``output_column=``, ``max_tokens=``, ...; other names are
         generation parameters such as ``top_p=``), set on top of ``call`` or on their own.
+        ``collect_keys``: keep the rows' distinct request keys in ``result.request_keys`` (to
+        look their answers up afterwards).
         ``supersede_stale``: this call covers its whole partition, so the partition's records of
         requests it no longer asks for are retired.
         """
@@ -118,7 +121,7 @@ class InferenceClient:
             pool=self.pool, ledger=self.ledger, token_budget=budget,
             partition_key=call.partition_key, run_id=run_id, scope=call.scope,
             logger=logger or self.log,
-            collect_keys=bool(supersede_stale and call.partition_key),
+            collect_keys=collect_keys or bool(supersede_stale and call.partition_key),
         )
         stats = await run.run()
         if supersede_stale and call.partition_key:
@@ -131,7 +134,8 @@ class InferenceClient:
         error_types, statuses = row_outcome_columns(run.error_types, run.row_status, df.index)
         return InferenceResult(df=out, stats=stats, output_column=call.output_column,
                                error_column=call.error_column, error_types=error_types,
-                               statuses=statuses)
+                               statuses=statuses,
+                               request_keys=frozenset(run.keys) if run.keys is not None else None)
 
     def estimate(self, df: Any, call: InferenceCall | None = None, /,
                  **call_fields: Any) -> InferenceEstimate:

@@ -85,6 +85,9 @@ class InferenceResult:
     error_column: str
     error_types: Any  # pandas Series of str | None
     statuses: Any  # pandas Series, categorical over the RowStatus labels
+    # The distinct request keys the rows asked for, when the call collected them
+    # (``collect_keys=True``, or ``supersede_stale``); None otherwise (they cost memory per row).
+    request_keys: frozenset[str] | None = None
 
     @property
     def failed_rows(self):
