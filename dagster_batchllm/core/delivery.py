@@ -26,7 +26,7 @@ from .pool import EndpointPool
 from .prompts import RowRequest
 from .retries import RetryPolicy
 from .settings import InferenceSettings
-from .transport import Completion, Transport
+from .transport import Completion, ReplyParser, Transport
 
 # How long every endpoint of a model may refuse connections (or fail DNS or TLS) before the
 # call fails the rows still to send with ``endpoint_unreachable``: seconds, not the hours that
@@ -75,8 +75,9 @@ class OnlineDelivery:
 
     def __init__(self, settings: InferenceSettings, pool: EndpointPool, transport: Transport, *,
                  route: str, writer: LedgerWriter, log: Any = None,
-                 unreachable_after_s: float | None = None):
-        """``writer``: sending waits while it holds a room's worth of unwritten answers;
+                 unreachable_after_s: float | None = None, parse: ReplyParser | None = None):
+        """``route`` and ``parse``: where requests go and how replies are read (the task's);
+        ``writer``: sending waits while it holds a room's worth of unwritten answers;
         ``unreachable_after_s``: see ``UNREACHABLE_AFTER_S``."""
         self.settings = settings
         self.log = log or logging.getLogger("dagster_batchllm")
@@ -88,6 +89,7 @@ class OnlineDelivery:
         self.pool = pool
         self.transport = transport
         self.route = route
+        self.parse = parse
         self.retry = RetryPolicy.from_settings(settings)
         self._writer = writer
         self._context_limits = _context_limits_by_model(settings)
@@ -108,7 +110,7 @@ class OnlineDelivery:
 
     async def open(self) -> None:
         self._baseline = self.pool.snapshot()  # the pool outlives calls; figures are per call
-        await self.transport.open(self.settings.endpoints, self.route)
+        await self.transport.open(self.settings.endpoints, self.route, self.parse)
 
     async def close(self) -> None:
         await self.transport.close()

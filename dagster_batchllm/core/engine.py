@@ -82,7 +82,7 @@ class InferenceRun:
         delivery: Delivery | None = None,
     ):
         """``task`` defaults to a chat completion per row; ``delivery`` to sending each request
-        over HTTP now, through ``pool`` and ``transport``."""
+        over HTTP now, through ``pool`` and ``transport``, as the task's ``deliver`` arranges."""
         self.settings = settings
         self.spec = spec
         self.inputs = inputs
@@ -106,10 +106,11 @@ class InferenceRun:
                                     interval_s=settings.ledger_flush_interval_s,
                                     on_written=self._written_to_ledger, log=self.log)
         self.task = task or ChatTask(spec, default_max_tokens=settings.default_max_tokens)
-        self.delivery = delivery or OnlineDelivery(
+        self.delivery = delivery or self.task.deliver(OnlineDelivery(
             settings, pool,
             transport or make_transport(settings.http_client, timeout_s=settings.request_timeout_s),
-            route=self.task.route, writer=self._writer, log=self.log)
+            route=self.task.route, parse=self.task.parse_reply, writer=self._writer,
+            log=self.log))
         self._coordination: RunCoordination[KeyState] | None = None
         self._done_rows = 0
         self._started = 0.0

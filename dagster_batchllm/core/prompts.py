@@ -39,6 +39,9 @@ class RowRequest:
     reserve_tokens: int
     typical_prompt_tokens: int
     max_tokens: int
+    #: What a task that does not send ``body`` as it is needs of the row (an in-process model's
+    #: feature values, an embedding input's text); None for a chat request.
+    payload: Any = None
 
 
 def row_tuples(frame: Any) -> Iterator[tuple]:

@@ -2,20 +2,25 @@
 
 The engine runs any :class:`Task` over any delivery (see :mod:`.delivery`) without knowing
 which, so a new kind of job is a new implementation here rather than branches through the run.
-Today there is one task, :class:`ChatTask`: one chat completion per row, its value the reply's
-text or (with ``response_format``) its parsed and validated JSON.
+:class:`ChatTask` is one chat completion per row, its value the reply's text or (with
+``response_format``) its parsed and validated JSON. A task whose requests carry several rows
+(embeddings, a scoring model's ``/invocations``) is a :class:`~.grouping.GroupedTask`: its
+``deliver`` puts a :class:`~.grouping.GroupingDelivery` in front of the delivery it is given.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .call import InferenceCall
 from .errors import RowError, StructuredOutputError
 from .outputs import ReplyParser, cut_off_hint
 from .prompts import RowRequest, iter_row_requests
-from .transport import CHAT_ROUTE, Completion
+from .transport import CHAT_ROUTE, Completion, parse_completion
+
+if TYPE_CHECKING:
+    from .delivery import Delivery
 
 
 class Task(Protocol):
@@ -38,6 +43,15 @@ class Task(Protocol):
         usable (the error may say more than :meth:`value` can, e.g. that it was cut off)."""
         ...
 
+    def parse_reply(self, raw: bytes, *, endpoint: str, latency_s: float) -> Completion:
+        """A 200 reply's body read into a Completion; raises ``MalformedResponseError``."""
+        ...
+
+    def deliver(self, delivery: Delivery) -> Delivery:
+        """The delivery the run uses, given the one that sends one request as it is (a task
+        that groups rows into requests wraps it; the others return it)."""
+        ...
+
 
 _IMAGE_CHUNK_ROWS = 256
 
@@ -54,6 +68,11 @@ class ChatTask:
         # memory flat in rows (bench/images.py: 0.3 KiB per extra row, 262 KiB at 4096).
         self.max_chunk_rows = _IMAGE_CHUNK_ROWS if call.images else None
         self._parser = ReplyParser(structured=call.structured, schema=call.schema)
+
+    parse_reply = staticmethod(parse_completion)
+
+    def deliver(self, delivery: Delivery) -> Delivery:
+        return delivery
 
     def requests(self, rows: Iterator[tuple]) -> Iterator[RowRequest | RowError]:
         return iter_row_requests(rows, self.call, default_max_tokens=self.default_max_tokens)

@@ -18,6 +18,7 @@ import email.utils
 import json
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,15 +41,22 @@ class Completion:
     usage_reported: bool
     finish_reason: str | None
     latency_s: float
+    #: The parsed reply, where a task reads more than the text (a grouped request's items).
+    payload: Any = None
 
 
 CHAT_ROUTE = "/chat/completions"
 
 
+#: How a 200 reply's bytes become a Completion (``parse_completion`` for chat).
+ReplyParser = Callable[..., Completion]
+
+
 class Transport(Protocol):
-    async def open(self, endpoints: tuple[EndpointSpec, ...], route: str = CHAT_ROUTE
-                   ) -> None:
-        """Connect to ``endpoints``; requests go to ``route`` below each one's base URL."""
+    async def open(self, endpoints: tuple[EndpointSpec, ...], route: str = CHAT_ROUTE,
+                   parse: ReplyParser | None = None) -> None:
+        """Connect to ``endpoints``; requests go to ``route`` below each one's base URL and
+        their 200 replies are read by ``parse(raw, endpoint=..., latency_s=...)``."""
         ...
 
     async def send(self, endpoint: EndpointSpec, request: RowRequest) -> Completion: ...
@@ -142,11 +150,13 @@ class AiohttpTransport:
         self._timeout_s = timeout_s
         self._sessions: dict[str, Any] = {}
         self._urls: dict[str, str] = {}  # built once: a URL per request would cost a string
+        self._parse: ReplyParser = parse_completion
 
-    async def open(self, endpoints: tuple[EndpointSpec, ...], route: str = CHAT_ROUTE
-                   ) -> None:
+    async def open(self, endpoints: tuple[EndpointSpec, ...], route: str = CHAT_ROUTE,
+                   parse: ReplyParser | None = None) -> None:
         import aiohttp
 
+        self._parse = parse or parse_completion
         for spec in endpoints:
             self._urls[spec.name] = spec.base_url.rstrip("/") + route
             headers = {"Content-Type": "application/json"}
@@ -183,7 +193,7 @@ class AiohttpTransport:
                 retry_after_s=parse_retry_after(headers), endpoint=endpoint.name,
                 url=self._urls[endpoint.name],
             )
-        return parse_completion(raw, endpoint=endpoint.name, latency_s=latency)
+        return self._parse(raw, endpoint=endpoint.name, latency_s=latency)
 
     async def close(self) -> None:
         sessions, self._sessions = self._sessions, {}
@@ -198,11 +208,11 @@ class OpenAITransport:
         self._timeout_s = timeout_s
         self._clients: dict[str, Any] = {}
 
-    async def open(self, endpoints: tuple[EndpointSpec, ...], route: str = CHAT_ROUTE
-                   ) -> None:
+    async def open(self, endpoints: tuple[EndpointSpec, ...], route: str = CHAT_ROUTE,
+                   parse: ReplyParser | None = None) -> None:
         import openai
 
-        if route != CHAT_ROUTE:
+        if route != CHAT_ROUTE or parse not in (None, parse_completion):
             raise InferenceConfigError(
                 f"http_client='openai' sends chat completions only, not {route}; "
                 "use http_client='aiohttp'")

@@ -1,0 +1,199 @@
+"""Several rows in one request: embeddings' ``input`` arrays, a scoring model's ``/invocations``.
+
+The engine still hands its delivery one item (row request) at a time, keyed, deduplicated,
+budgeted and written to the ledger on its own. :class:`GroupingDelivery` sits in front of the
+delivery that sends one request: it gathers the items that workers hand it at about the same
+moment into groups (per model, up to the task's ``items_per_request`` and ``max_request_tokens``,
+or whatever arrived within ``linger_s``), sends each group as one request through the inner
+delivery (so pool, limits, breakers and the retry loop apply to it as to any request), and hands
+each waiting item its own part of the reply.
+
+A group that fails for a reason that may belong to one of its items (a 400: too long, not valid
+text) is split in halves and each half sent again, down to single items; so only the bad item
+fails, with the server's reason, and the others are answered. A failure that belongs to the
+request as a whole (a timeout, 5xx after its retries, an unreachable endpoint) fails every item
+of the group with that reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+from .errors import ErrorType, InternalError, RowError
+from .prompts import RowRequest
+from .transport import Completion
+
+# Errors a single item may cause; a group failing with one of them is split to find it.
+_ITEM_ERRORS = frozenset({
+    ErrorType.INVALID_INPUT, ErrorType.BAD_REQUEST, ErrorType.CONTEXT_LENGTH_EXCEEDED,
+    ErrorType.REQUEST_TOO_LARGE, ErrorType.MALFORMED_RESPONSE,
+})
+
+
+class GroupedTask(Protocol):
+    """What a task that puts several items in one request adds to :class:`~.tasks.Task`."""
+
+    #: Most items in one request.
+    items_per_request: int
+    #: Most ``reserve_tokens`` summed over one request's items (None: no cap beyond the count).
+    max_request_tokens: int | None
+
+    def group_request(self, items: list[RowRequest]) -> RowRequest:
+        """One request carrying ``items`` (all of one model): its body is what is sent, its
+        ``reserve_tokens`` the items' sum; its key is not used."""
+        ...
+
+    def split_reply(self, reply: Completion, items: list[RowRequest]
+                    ) -> list[Completion | RowError]:
+        """One Completion (or the item's error) per item, in order. Each Completion's
+        ``content`` is what the ledger keeps for the item and ``Task.value`` reads back; its
+        tokens are the item's share. Raises ``RowError`` when the reply as a whole does not
+        fit the items (the wrong number of results): every item fails with it."""
+        ...
+
+
+class _Group:
+    __slots__ = ("model", "items", "waiters", "tokens", "timer")
+
+    def __init__(self, model: str):
+        self.model = model
+        self.items: list[RowRequest] = []
+        self.waiters: list[tuple[asyncio.Future, Any]] = []  # (future, Attempts) per item
+        self.tokens = 0
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class GroupingDelivery:
+    """A :class:`~.delivery.Delivery` that sends items in groups through ``inner``."""
+
+    def __init__(self, inner: Any, task: GroupedTask, *, linger_s: float = 0.005):
+        """``inner``: the delivery that sends one (grouped) request, with its retries;
+        ``linger_s``: how long a group that is not full waits for more items before it goes."""
+        if task.items_per_request < 1:
+            raise ValueError("items_per_request must be at least 1")
+        self.inner = inner
+        self.task = task
+        self.linger_s = linger_s
+        self._filling: dict[str, _Group] = {}
+        self._sending: set[asyncio.Task] = set()
+
+    # -- the Delivery interface, by delegation -----------------------------------------------
+    def capacity(self) -> int:
+        """Items, not requests: the run keeps enough workers to fill every request."""
+        return self.inner.capacity() * self.task.items_per_request
+
+    def refusal(self, request: RowRequest) -> RowError | None:
+        return self.inner.refusal(request)
+
+    async def open(self) -> None:
+        await self.inner.open()
+
+    async def close(self) -> None:
+        for group in self._filling.values():
+            if group.timer is not None:
+                group.timer.cancel()
+            _fail_waiters(group.waiters, asyncio.CancelledError())
+        self._filling.clear()
+        sending, self._sending = self._sending, set()
+        for task in sending:
+            task.cancel()
+        await asyncio.gather(*sending, return_exceptions=True)
+        await self.inner.close()
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        return self.inner.snapshot()
+
+    # -- gathering ---------------------------------------------------------------------------
+    async def send(self, request: RowRequest, attempts: Any) -> Completion:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        group = self._filling.get(request.model)
+        cap = self.task.max_request_tokens
+        if group is not None and cap is not None and group.items \
+                and group.tokens + request.reserve_tokens > cap:
+            self._dispatch(group)
+            group = None
+        if group is None:
+            group = self._filling[request.model] = _Group(request.model)
+            group.timer = loop.call_later(self.linger_s, self._dispatch, group)
+        group.items.append(request)
+        group.waiters.append((future, attempts))
+        group.tokens += request.reserve_tokens
+        if len(group.items) >= self.task.items_per_request:
+            self._dispatch(group)
+        return await future
+
+    def _dispatch(self, group: _Group) -> None:
+        if self._filling.get(group.model) is group:
+            del self._filling[group.model]
+        if group.timer is not None:
+            group.timer.cancel()
+            group.timer = None
+        if not group.items:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._deliver(group.items, group.waiters))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+        group.items, group.waiters = [], []
+
+    # -- sending -----------------------------------------------------------------------------
+    async def _deliver(self, items: list[RowRequest], waiters: list[tuple[asyncio.Future, Any]]
+                       ) -> None:
+        """Send ``items`` as one request and settle every waiter; split on an item's error."""
+        from .delivery import Attempts
+
+        attempts = Attempts()
+        try:
+            reply = await self.inner.send(self.task.group_request(items), attempts)
+            parts = self.task.split_reply(reply, items)
+            if len(parts) != len(items):
+                raise InternalError(f"the task split a reply of {len(items)} items into "
+                                    f"{len(parts)} parts")
+        except asyncio.CancelledError:
+            _fail_waiters(waiters, asyncio.CancelledError())
+            raise
+        except RowError as exc:
+            if len(items) > 1 and exc.error_type in _ITEM_ERRORS:
+                _count(waiters, attempts)
+                half = len(items) // 2
+                await asyncio.gather(self._deliver(items[:half], waiters[:half]),
+                                     self._deliver(items[half:], waiters[half:]))
+                return
+            _count(waiters, attempts)
+            _fail_waiters(waiters, exc)
+            return
+        except Exception as exc:  # a bug in a task's split must not hang its items
+            _count(waiters, attempts)
+            _fail_waiters(waiters, InternalError(f"{type(exc).__name__}: {exc}"))
+            return
+        _count(waiters, attempts)
+        for (future, item_attempts), item, part in zip(waiters, items, parts, strict=True):
+            if future.done():
+                continue
+            if isinstance(part, RowError):
+                future.set_exception(part)
+            else:  # what the budget settles to: the item's usage, or its bound when not told
+                item_attempts.spent += (part.prompt_tokens + part.completion_tokens
+                                        if part.usage_reported else item.reserve_tokens)
+                future.set_result(part)
+
+
+def _count(waiters: list[tuple[asyncio.Future, Any]], attempts: Any) -> None:
+    """Give each item the group's attempts and endpoint. The HTTP requests are counted once,
+    on the first item, so the run's ``requests`` figure is requests, not items."""
+    for i, (_future, item_attempts) in enumerate(waiters):
+        item_attempts.count += attempts.count
+        item_attempts.endpoint = attempts.endpoint
+        if i == 0:
+            item_attempts.sent += attempts.sent
+
+
+def _fail_waiters(waiters: list[tuple[asyncio.Future, Any]], exc: BaseException) -> None:
+    for future, _attempts in waiters:
+        if not future.done():
+            if isinstance(exc, asyncio.CancelledError):
+                future.cancel()
+            else:
+                future.set_exception(exc)
