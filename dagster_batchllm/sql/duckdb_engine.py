@@ -7,9 +7,11 @@ parameters with defaults::
 
 The macro expands to two Python functions:
 
-* ``__batchllm_call(function, endpoint, text1, text2, options)`` — an Arrow UDF. DuckDB hands
-  it a whole vector (2048 rows); its distinct requests go through the pool concurrently in one
-  ``infer`` call, and identical ones are sent once. It returns JSON text.
+* ``__batchllm_call(function, endpoint, text1, text2, options, file_blob, file_path)`` — an
+  Arrow UDF. DuckDB hands it a whole vector (2048 rows); its distinct requests go through the
+  pool concurrently in one ``infer`` call, and identical ones are sent once. It returns JSON
+  text. ``ai_query``'s ``files`` argument (a BLOB, or a VARCHAR path or URL) arrives in
+  ``file_blob`` or ``file_path`` by its type and goes with the request as an image.
 * ``__batchllm_type(function, argument types, options)`` — evaluated once while DuckDB binds the
   query, on constant arguments only. It checks every argument's type (``typeof``) and the
   options that shape the result (``returnType``, ``failOnError``, ``responseFormat``, the labels
@@ -42,6 +44,7 @@ from ..ai_functions.calls import BoundCall, sendable
 from ..ai_functions.catalogue import (
     AI_QUERY,
     BOOLEAN,
+    FILES,
     FUNCTIONS,
     INTEGER,
     LABELS,
@@ -69,7 +72,10 @@ _ACCEPTS = {
     BOOLEAN: lambda t: t == "BOOLEAN",
     LABELS: lambda t: t in ("VARCHAR", "JSON") or re.fullmatch(r"VARCHAR(\[\d*\])", t) is not None,
     OBJECT: lambda t: t in ("VARCHAR", "JSON") or t.startswith(("STRUCT(", "MAP(")),
+    FILES: lambda t: t in ("BLOB", "VARCHAR"),
 }
+# In the options JSON: whether the call passed files (a NULL literal, the default, is none).
+FILES_GIVEN = "__files"
 
 
 class DuckDBFunctions:
@@ -95,8 +101,9 @@ class DuckDBFunctions:
                             "VARCHAR", null_handling="special", side_effects=False)
         # side_effects=True: DuckDB must not evaluate a call twice (it would, for an expression
         # that a CTE's outer query refers to several times) nor fold it away.
-        con.create_function(CALL_UDF, self._call, ["VARCHAR"] * 5, "VARCHAR", type="arrow",
-                            null_handling="special", side_effects=True)
+        con.create_function(CALL_UDF, self._call, ["VARCHAR"] * 5 + ["BLOB", "VARCHAR"],
+                            "VARCHAR", type="arrow", null_handling="special",
+                            side_effects=True)
         for function in FUNCTIONS.values():
             con.execute(macro_sql(function))
         install_parse_document(con)
@@ -124,12 +131,13 @@ class DuckDBFunctions:
     def _bind_uncached(self, function: str, options: str) -> BoundCall:
         return FUNCTIONS[function].bind(json.loads(options))
 
-    def _call(self, function, endpoint, text1, text2, options):
+    def _call(self, function, endpoint, text1, text2, options, file_blob, file_path):
         import pyarrow as pa
 
         spec = FUNCTIONS[function[0].as_py()]
         endpoints, firsts = endpoint.to_pylist(), text1.to_pylist()
         seconds, option_texts = text2.to_pylist(), options.to_pylist()
+        blobs, paths = file_blob.to_pylist(), file_path.to_pylist()
         groups: dict[str, list[int]] = {}
         for i, option_text in enumerate(option_texts):
             groups.setdefault(option_text, []).append(i)
@@ -137,16 +145,18 @@ class DuckDBFunctions:
         batches: list[tuple[BoundCall, list[Row]]] = []
         for option_text, indices in groups.items():
             call = self._bind(spec.name, option_text)
+            files_given = json.loads(option_text).get(FILES_GIVEN, False)
             rows: list[Row] = []
             for i in indices:
                 texts = (firsts[i], seconds[i])[:len(spec.text_params)]
-                if not all(sendable(t) for t in texts):
+                file = blobs[i] if blobs[i] is not None else paths[i]
+                if not all(sendable(t) for t in texts) or (files_given and file is None):
                     rows.append(("", None))  # NULL (or blank) in, NULL out: nothing to send
                     continue
                 if endpoints[i] not in models:
                     models[endpoints[i]] = self.runtime.model_for(
                         spec.name, endpoints[i], required=spec.endpoint_required)
-                rows.append((models[endpoints[i]], spec.render(*texts)))
+                rows.append((models[endpoints[i]], spec.render(*texts), file))
             batches.append((call, rows))
         results = self.runtime.answer(batches)
         out: list[str | None] = [None] * len(firsts)
@@ -210,13 +220,21 @@ def macro_sql(spec: AIFunction) -> str:
     # reports a wrong argument type (by name) rather than DuckDB's "no function matches".
     texts = ([f"CAST({p.name} AS VARCHAR)" for p in spec.text_params]
              + ["NULL"] * (2 - len(spec.text_params)))
-    options = ", ".join(f"'{p.name}', {p.name}" for p in spec.option_params)
+    options = [f"'{p.name}', {p.name}" for p in spec.option_params]
     shaping = ", ".join(f"'{p.name}', {p.name}" for p in spec.option_params if p.shapes_result)
     types = ", ".join(f"typeof({p.name})" for p in spec.params)
+    files = spec.file_param
+    if files is None:
+        file_args = "NULL, NULL"
+    else:  # the file by its type; DuckDB evaluates only the branch a row's type takes
+        name = files.name
+        options.append(f"'{FILES_GIVEN}', typeof({name}) <> '\"NULL\"'")  # NULL's typeof
+        file_args = (f"CASE WHEN typeof({name}) = 'BLOB' THEN TRY_CAST({name} AS BLOB) END, "
+                     f"CASE WHEN typeof({name}) = 'VARCHAR' THEN CAST({name} AS VARCHAR) END")
     return (
         f"CREATE OR REPLACE TEMP MACRO {spec.name}({params}) AS from_json("
         f"{CALL_UDF}('{spec.name}', CAST(endpoint AS VARCHAR), {texts[0]}, {texts[1]}, "
-        f"json_object({options})), "
+        f"json_object({', '.join(options)}), {file_args}), "
         f"{TYPE_UDF}('{spec.name}', [{types}], json_object({shaping})))"
     )
 

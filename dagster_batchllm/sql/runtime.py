@@ -32,7 +32,10 @@ from ..core.errors import InferenceConfigError
 from ..core.results import InferenceStats
 
 Outcome = tuple[Any, "str | None"]  # (SQL value, "<error_type>: <message>" or None)
-Row = tuple[str, "str | None"]  # (model, user message); a None message is SQL NULL: not sent
+# (model, user message[, file]); a None message is SQL NULL: not sent. The optional third item
+# is the row's ``files`` argument (an image's bytes, path or URL), sent as an image part.
+Row = tuple[Any, ...]
+Key = tuple[str, str, str, Any]  # (request id, model, message, file or None)
 NULL_OUTCOME: Outcome = (None, None)
 
 _SUMMED = ("rows", "succeeded", "failed", "deferred", "cached", "deduplicated", "requests",
@@ -55,7 +58,7 @@ class Runtime:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
-        self._inflight: dict[tuple[str, str, str], asyncio.Future] = {}  # loop thread only
+        self._inflight: dict[Key, asyncio.Future] = {}  # loop thread only
         self._stats = InferenceStats()
         self._stats_lock = threading.Lock()
 
@@ -95,12 +98,15 @@ class Runtime:
 
     async def _answer_batch(self, call: BoundCall, rows: Sequence[Row]) -> list[Outcome]:
         loop = asyncio.get_running_loop()
-        mine: dict[tuple[str, str, str], list[int]] = {}
-        theirs: dict[tuple[str, str, str], tuple[asyncio.Future, list[int]]] = {}
-        for i, (model, text) in enumerate(rows):
+        mine: dict[Key, list[int]] = {}
+        theirs: dict[Key, tuple[asyncio.Future, list[int]]] = {}
+        for i, row in enumerate(rows):
+            model, text = row[0], row[1]
             if text is None:
                 continue
-            key = (call.request_id, model, text)
+            # Identical bytes are one key (bytes hash by value); the request key that infer()
+            # computes covers them too, so the ledger tells different images apart.
+            key = (call.request_id, model, text, _file_key(row[2] if len(row) > 2 else None))
             if key in mine:
                 mine[key].append(i)
             elif key in theirs:
@@ -139,13 +145,36 @@ class Runtime:
             self._stats.rows += len(rows) - len(mine)
         return outcomes
 
-    async def _infer(self, call: BoundCall, keys: list[tuple[str, str, str]]
-                     ) -> list[tuple[Any, str | None]]:
+    async def _infer(self, call: BoundCall, keys: list[Key]) -> list[tuple[Any, str | None]]:
+        """One ``infer`` for the rows without a file, one for those with one (images=)."""
+        with_file = [i for i, key in enumerate(keys) if key[3] is not None]
+        if not with_file:
+            return await self._infer_frame(call, keys, images=False)
+        if len(with_file) == len(keys):
+            return await self._infer_frame(call, keys, images=True)
+        chosen = set(with_file)
+        plain = [i for i in range(len(keys)) if i not in chosen]
+        outcomes: list[tuple[Any, str | None]] = [NULL_OUTCOME] * len(keys)
+        parts = await asyncio.gather(
+            self._infer_frame(call, [keys[i] for i in plain], images=False),
+            self._infer_frame(call, [keys[i] for i in with_file], images=True))
+        for indices, answered in zip((plain, with_file), parts, strict=True):
+            for i, outcome in zip(indices, answered, strict=True):
+                outcomes[i] = outcome
+        return outcomes
+
+    async def _infer_frame(self, call: BoundCall, keys: list[Key], *, images: bool
+                           ) -> list[tuple[Any, str | None]]:
         import pandas as pd
 
-        frame = pd.DataFrame({"model": [k[1] for k in keys], "prompt": [k[2] for k in keys]})
+        columns = {"model": [k[1] for k in keys], "prompt": [k[2] for k in keys]}
+        if images:
+            columns[FILES_COLUMN] = [_file_cell(k[3]) for k in keys]
+        frame = pd.DataFrame(columns)
         models = set(frame["model"])
         route = {"model": next(iter(models))} if len(models) == 1 else {"model_column": "model"}
+        if images:
+            route["images"] = FILES_COLUMN
         inference_call = call.inference_call(
             prompt_column="prompt", output_column="output", error_column="error",
             partition_key=self.partition_key, scope=self.scope, **route)
@@ -204,6 +233,23 @@ class Runtime:
             _stop(loop, thread)
         if self._owns_client:
             self.client.close()
+
+
+# The frame column of ai_query's files argument: the name a bad file's row error shows.
+FILES_COLUMN = "files"
+
+
+def _file_key(value: Any) -> Any:
+    """A row's file as a hashable key: bytes, a path or URL, or a tuple of those."""
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, list):
+        return tuple(_file_key(v) for v in value)
+    return value
+
+
+def _file_cell(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
