@@ -6,6 +6,7 @@ import os
 
 import dagster as dg
 
+from assets.documents import document_assets, invoices
 from assets.partitions import daily_partitions
 from assets.pipeline import classified_transcripts, pipeline_assets, transcript_summaries
 from assets.sql_pipeline import sql_assets
@@ -29,6 +30,7 @@ llm = resources["llm"]
 
 
 INFERENCE_KEYS = {transcript_summaries.key, classified_transcripts.key}
+INFERENCE_KEYS.add(invoices.key)  # the documents pipeline's fields (assets/documents.py)
 
 
 def _as_configured(spec: dg.AssetSpec) -> dg.AssetSpec:
@@ -43,6 +45,7 @@ def _as_configured(spec: dg.AssetSpec) -> dg.AssetSpec:
 
 
 pipeline_assets = dg.map_asset_specs(_as_configured, pipeline_assets)
+document_assets = dg.map_asset_specs(_as_configured, document_assets)
 _by_key = {a.key: a for a in pipeline_assets}
 transcript_summaries = _by_key[transcript_summaries.key]
 classified_transcripts = _by_key[classified_transcripts.key]
@@ -80,7 +83,7 @@ if os.environ.get("BATCHLLM_ENABLE_SPARK", "").lower() in ("1", "true", "yes"):
     })
 
 defs = dg.Definitions(
-    assets=[*pipeline_assets, *sql_assets, *extra_assets],
+    assets=[*pipeline_assets, *sql_assets, *document_assets, *extra_assets],
     jobs=[call_center_job],
     schedules=[daily_schedule],
     sensors=[retry_summaries, retry_classifications, new_calls],
