@@ -52,6 +52,9 @@ def ai_query_col(model: Any, prompt: Any, *, images: Any = None, fail_on_error: 
     ``response_format`` (JSON schema) makes each result the reply's JSON text. ``images`` (a
     Column or column name: BINARY bytes, STRING paths or URLs, or ARRAYs of them) goes with
     each row's prompt as image parts (see ``infer(images=...)``); a bad file fails only its row.
+    A pandas UDF holds its whole Arrow batch, and Spark's default batch is 10,000 rows (2 GB
+    of 200 KB images): for BINARY images lower ``spark.sql.execution.arrow.maxRecordsPerBatch``
+    (256 keeps a task's images near 50 MB); paths hold only their text.
     """
     from pyspark.sql import Column
     from pyspark.sql import functions as F
