@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sqlite3
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -17,7 +19,13 @@ import pytest
 from dagster_batchllm.ai_functions.documents import PAGE_SEPARATOR
 from dagster_batchllm.core.errors import InferenceConfigError
 from dagster_batchllm.documents.samples import encrypted_pdf, text_pdf
-from dagster_batchllm.sql import AIQueryError, execute, register_ai_functions, sqlite_engine
+from dagster_batchllm.sql import (
+    AIQueryError,
+    TranslationError,
+    execute,
+    register_ai_functions,
+    sqlite_engine,
+)
 from dagster_batchllm.testing import png_bytes
 
 IMAGES = [png_bytes(2 + i, 2, (40 * i, 0, 0)) for i in range(3)]
@@ -71,23 +79,33 @@ def test_duckdb_path_rows_read_the_file_and_a_missing_one_fails_alone(sim, duck,
                      ).fetchall()
 
 
-def test_duckdb_databricks_form_over_read_blob_with_a_response_format(sim, duck, tmp_path):
+def test_duckdb_runs_the_databricks_form_over_read_files_as_written(sim, duck, tmp_path):
     for i, raw in enumerate(IMAGES[:2]):
         (tmp_path / f"scan{i}.png").write_bytes(raw)
-    # Databricks reads them with read_files(..., format => 'binaryFile'): path, content.
-    duck.execute(f"CREATE VIEW scans AS SELECT filename AS path, content "
-                 f"FROM read_blob('{tmp_path}/scan*.png')")
-    query = """
-        SELECT path, ai_query('sim-model', 'Read the invoice number', files => content,
-                              responseFormat => 'STRUCT<invoice: STRING>') AS fields
-        FROM scans ORDER BY path"""
+    query = f"""
+        SELECT path, length, ai_query('sim-model', 'Read the invoice number', files => content,
+                                      responseFormat => 'STRUCT<invoice: STRING>') AS fields
+        FROM read_files('{tmp_path}/scan*.png', format => 'binaryFile') ORDER BY path"""
 
     rows = execute(duck, query, dialect="databricks").fetchall()
 
-    # A STRUCT per row (the simulator fills the schema), one image per file.
-    assert [set(fields) for _, fields in rows] == [{"invoice"}, {"invoice"}]
-    assert all(isinstance(fields["invoice"], str) for _, fields in rows)
+    # binaryFile's columns (from DuckDB's read_blob), a STRUCT per row, one image per file.
+    assert [(Path(p).name, n) for p, n, _ in rows] == [
+        ("scan0.png", len(IMAGES[0])), ("scan1.png", len(IMAGES[1]))]
+    assert [set(fields) for *_, fields in rows] == [{"invoice"}, {"invoice"}]
+    assert all(isinstance(fields["invoice"], str) for *_, fields in rows)
     assert images_received(sim) == 2
+
+
+@pytest.mark.parametrize(("query", "reason"), [
+    ("SELECT * FROM read_files('/d/*.csv', format => 'csv')",
+     re.escape("only read_files(path, format => 'binaryFile') is translated")),
+    ("SELECT * FROM read_files('/d', format => 'binaryFile', pathGlobFilter => '*.png')",
+     r"option\(s\) \['pathGlobFilter'\] are not translated"),
+])
+def test_other_read_files_forms_are_refused_before_anything_runs(duck, query, reason):
+    with pytest.raises(TranslationError, match=reason):
+        execute(duck, query, dialect="databricks")
 
 
 def test_duckdb_refuses_a_files_argument_of_another_type_before_sending(sim, duck):
@@ -135,6 +153,9 @@ def test_sqlite_runs_the_databricks_form_and_refuses_other_types(sim, lite):
     with pytest.raises(InferenceConfigError, match="'files' must be a BLOB .* got int"):
         execute(lite, "SELECT ai_query('sim-model', 'Describe', NULL, NULL, NULL, NULL, id) "
                       "FROM pages")
+    with pytest.raises(TranslationError, match="SQLite has no table function that reads files"):
+        execute(lite, "SELECT ai_parse_document(content) FROM read_files('/d/*.pdf', "
+                      "format => 'binaryFile')", dialect="databricks")
 
 
 def test_sqlite_answers_collected_images_early_so_memory_stays_bounded(
