@@ -136,3 +136,38 @@ def test_ai_query_takes_at_most_seven_arguments(spark, ai_spark):
     with pytest.raises(Exception, match="at most 7 arguments"):
         spark.sql("SELECT ai_query('llama-70b', 'x', 'STRING', true, NULL, NULL, NULL, 1)"
                   ).collect()
+
+
+def test_duckdb_and_spark_sql_answer_the_databricks_query_alike(spark, make_settings,
+                                                                make_client, tmp_path):
+    """The Databricks form on both engines: read_files on DuckDB (translated to read_blob),
+    Spark's binaryFile source on Spark; each engine with its own ledger, same answers."""
+    import duckdb
+
+    from dagster_batchllm.spark import register_ai_functions as register_spark
+    from dagster_batchllm.sql import execute, register_ai_functions
+    from dagster_batchllm.testing import SimulatedEndpoint
+
+    for i, raw in enumerate(IMAGES):
+        (tmp_path / f"scan{i}.png").write_bytes(raw)
+    select = ("SELECT path, ai_query('llama-70b', 'Describe this page', files => content, "
+              "failOnError => false) AS d FROM {source}")
+    with SimulatedEndpoint(models=("llama-70b",)) as sim:
+        register_spark(spark, make_settings(sim, store_url=f"sqlite:///{tmp_path / 's.db'}"))
+        spark.read.format("binaryFile").load(str(tmp_path / "scan*.png")) \
+            .createOrReplaceTempView("scans")
+        on_spark = {r.path.rsplit("/", 1)[1]: (r.d.result, r.d.errorMessage)
+                    for r in spark.sql(select.format(source="scans")).collect()}
+        con = duckdb.connect()
+        register_ai_functions(con, make_client(sim, store_url=f"sqlite:///{tmp_path / 'd.db'}"))
+        on_duckdb = {path.rsplit("/", 1)[1]: (d["result"], d["errorMessage"])
+                     for path, d in execute(con, select.format(
+                         source=f"read_files('{tmp_path}/scan*.png', format => 'binaryFile')"),
+                         dialect="databricks").fetchall()}
+        con.close()
+        sent = sim.stats(log=False)["images"]["images"]
+
+    assert on_spark == on_duckdb == {
+        f"scan{i}.png": (f"[sim] Describe this page {marker(raw)}", None)
+        for i, raw in enumerate(IMAGES)}
+    assert sent == 6  # each engine sent each image once
