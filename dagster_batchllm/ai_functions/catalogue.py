@@ -50,7 +50,7 @@ T = TypeVar("T")
 
 # Families of DuckDB types an argument accepts (checked on ``typeof(argument)``).
 TEXT, INTEGER, BOOLEAN, LABELS, OBJECT = "STRING", "INTEGER", "BOOLEAN", "ARRAY<STRING>", "STRUCT"
-FILES = "BINARY or STRING"  # an image's bytes, or its path or URL
+FILES = "BINARY or STRING (or an ARRAY of either)"  # image bytes, or a path or URL
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,12 @@ parameters with defaults::
 
 The macro expands to two Python functions:
 
-* ``__batchllm_call(function, endpoint, text1, text2, options, file_blob, file_path)`` — an
+* ``__batchllm_call(function, endpoint, text1, text2, options, file_blobs, file_paths)`` — an
   Arrow UDF. DuckDB hands it a whole vector (2048 rows); its distinct requests go through the
   pool concurrently in one ``infer`` call, and identical ones are sent once. It returns JSON
-  text. ``ai_query``'s ``files`` argument (a BLOB, or a VARCHAR path or URL) arrives in
-  ``file_blob`` or ``file_path`` by its type and goes with the request as an image.
+  text. ``ai_query``'s ``files`` argument (a BLOB, a VARCHAR path or URL, or a list of either:
+  a document's pages) arrives as a list in ``file_blobs`` or ``file_paths`` by its type and
+  goes with the request as image parts.
 * ``__batchllm_type(function, argument types, options)`` — evaluated once while DuckDB binds the
   query, on constant arguments only. It checks every argument's type (``typeof``) and the
   options that shape the result (``returnType``, ``failOnError``, ``responseFormat``, the labels
@@ -72,10 +73,11 @@ _ACCEPTS = {
     BOOLEAN: lambda t: t == "BOOLEAN",
     LABELS: lambda t: t in ("VARCHAR", "JSON") or re.fullmatch(r"VARCHAR(\[\d*\])", t) is not None,
     OBJECT: lambda t: t in ("VARCHAR", "JSON") or t.startswith(("STRUCT(", "MAP(")),
-    FILES: lambda t: t in ("BLOB", "VARCHAR"),
+    FILES: lambda t: t in ("BLOB", "VARCHAR", "BLOB[]", "VARCHAR[]"),
 }
-# In the options JSON: whether the call passed files (a NULL literal, the default, is none).
-FILES_GIVEN = "__files"
+# In the options JSON: the type of the call's files (a NULL literal, the default, is none).
+FILES_TYPE = "__files"
+_NULL_TYPE = '"NULL"'  # what typeof(NULL) says
 
 
 class DuckDBFunctions:
@@ -101,7 +103,7 @@ class DuckDBFunctions:
                             "VARCHAR", null_handling="special", side_effects=False)
         # side_effects=True: DuckDB must not evaluate a call twice (it would, for an expression
         # that a CTE's outer query refers to several times) nor fold it away.
-        con.create_function(CALL_UDF, self._call, ["VARCHAR"] * 5 + ["BLOB", "VARCHAR"],
+        con.create_function(CALL_UDF, self._call, ["VARCHAR"] * 5 + ["BLOB[]", "VARCHAR[]"],
                             "VARCHAR", type="arrow", null_handling="special",
                             side_effects=True)
         for function in FUNCTIONS.values():
@@ -131,13 +133,13 @@ class DuckDBFunctions:
     def _bind_uncached(self, function: str, options: str) -> BoundCall:
         return FUNCTIONS[function].bind(json.loads(options))
 
-    def _call(self, function, endpoint, text1, text2, options, file_blob, file_path):
+    def _call(self, function, endpoint, text1, text2, options, file_blobs, file_paths):
         import pyarrow as pa
 
         spec = FUNCTIONS[function[0].as_py()]
         endpoints, firsts = endpoint.to_pylist(), text1.to_pylist()
         seconds, option_texts = text2.to_pylist(), options.to_pylist()
-        blobs, paths = file_blob.to_pylist(), file_path.to_pylist()
+        blobs, paths = file_blobs.to_pylist(), file_paths.to_pylist()
         groups: dict[str, list[int]] = {}
         for i, option_text in enumerate(option_texts):
             groups.setdefault(option_text, []).append(i)
@@ -145,11 +147,14 @@ class DuckDBFunctions:
         batches: list[tuple[BoundCall, list[Row]]] = []
         for option_text, indices in groups.items():
             call = self._bind(spec.name, option_text)
-            files_given = json.loads(option_text).get(FILES_GIVEN, False)
+            files_type = json.loads(option_text).get(FILES_TYPE, _NULL_TYPE)
+            files_given, one_file = files_type != _NULL_TYPE, not files_type.endswith("]")
             rows: list[Row] = []
             for i in indices:
                 texts = (firsts[i], seconds[i])[:len(spec.text_params)]
                 file = blobs[i] if blobs[i] is not None else paths[i]
+                if file is not None and one_file:
+                    file = file[0]  # a single file, passed as a list of one
                 if not all(sendable(t) for t in texts) or (files_given and file is None):
                     rows.append(("", None))  # NULL (or blank) in, NULL out: nothing to send
                     continue
@@ -226,11 +231,13 @@ def macro_sql(spec: AIFunction) -> str:
     files = spec.file_param
     if files is None:
         file_args = "NULL, NULL"
-    else:  # the file by its type; DuckDB evaluates only the branch a row's type takes
+    else:  # the files by their type, as lists; only the branch of the argument's type runs
         name = files.name
-        options.append(f"'{FILES_GIVEN}', typeof({name}) <> '\"NULL\"'")  # NULL's typeof
-        file_args = (f"CASE WHEN typeof({name}) = 'BLOB' THEN TRY_CAST({name} AS BLOB) END, "
-                     f"CASE WHEN typeof({name}) = 'VARCHAR' THEN CAST({name} AS VARCHAR) END")
+        options.append(f"'{FILES_TYPE}', typeof({name})")
+        file_args = ", ".join(
+            f"CASE WHEN {name} IS NULL THEN NULL WHEN typeof({name}) = '{kind}' "
+            f"THEN [TRY_CAST({name} AS {kind})] WHEN typeof({name}) = '{kind}[]' "
+            f"THEN TRY_CAST({name} AS {kind}[]) END" for kind in ("BLOB", "VARCHAR"))
     return (
         f"CREATE OR REPLACE TEMP MACRO {spec.name}({params}) AS from_json("
         f"{CALL_UDF}('{spec.name}', CAST(endpoint AS VARCHAR), {texts[0]}, {texts[1]}, "

@@ -109,11 +109,30 @@ def test_other_read_files_forms_are_refused_before_anything_runs(duck, query, re
 
 
 def test_duckdb_refuses_a_files_argument_of_another_type_before_sending(sim, duck):
-    with pytest.raises(duckdb.Error, match="argument 'files' must be a BINARY or STRING, got "
-                                           "INTEGER"):
+    with pytest.raises(duckdb.Error, match=re.escape(
+            "argument 'files' must be a BINARY or STRING (or an ARRAY of either), got INTEGER")):
         duck.execute("SELECT ai_query('sim-model', 'Describe', files := id) FROM pages"
                      ).fetchall()
     assert sim.stats(log=False)["by_status"] == {}
+
+
+def test_duckdb_a_list_of_files_sends_every_page_in_order(sim, duck, tmp_path):
+    rows = duck.execute(
+        "SELECT ai_query('sim-model', 'Read both pages', files := [a.img, b.img]) FROM pages a, "
+        "pages b WHERE a.id = 1 AND b.id = 2").fetchall()
+    paths = duck.execute(
+        "SELECT ai_query('sim-model', 'Read', files := [path, path], failOnError := false) "
+        "FROM pages WHERE id = 3").fetchall()
+    empty = duck.execute(
+        "SELECT ai_query('sim-model', 'Read', files := []::BLOB[], failOnError := false)"
+    ).fetchall()
+
+    assert rows == [(f"[sim] Read both pages {marker(IMAGES[0])} {marker(IMAGES[1])}",)]
+    assert paths == [({"result": f"[sim] Read {marker(IMAGES[2])} {marker(IMAGES[2])}",
+                       "errorMessage": None},)]
+    assert empty[0][0]["errorMessage"] == "invalid_input: column 'files' holds an empty list " \
+        "of images"
+    assert images_received(sim) == 4
 
 
 def test_duckdb_without_files_sends_text_only(sim, duck):
