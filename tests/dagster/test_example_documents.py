@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import pandas as pd
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -111,3 +112,23 @@ def test_on_a_vision_endpoint_the_scan_sends_its_page_image(run_pipeline, tmp_pa
     assert url.startswith("data:image/png;base64,")
     assert hashlib.sha256(png).hexdigest() == hashlib.sha256(
         __import__("base64").b64decode(url.split(",", 1)[1])).hexdigest()
+
+
+def test_an_unreadable_pdf_is_its_own_row_with_the_reason(tmp_path):
+    from assets.documents import invoice_documents, invoice_pages
+    from dagster_batchllm.documents.samples import encrypted_pdf
+    from dagster_batchllm.documents.writer import write_text_pdf
+
+    (tmp_path / "good.pdf").write_bytes(write_text_pdf([["Invoice number: INV-9"]]))
+    (tmp_path / "locked.pdf").write_bytes(encrypted_pdf())
+    pdfs = pd.DataFrame({"document_id": ["good", "locked"],
+                         "path": [str(tmp_path / "good.pdf"), str(tmp_path / "locked.pdf")]})
+
+    pages = invoice_pages(dg.build_asset_context(), pdfs)
+    documents = invoice_documents(dg.build_asset_context(), pages).set_index("document_id")
+
+    assert pages["parse_error"].isna().tolist() == [True, False]
+    assert "encrypted" in documents.loc["locked", "parse_error"]
+    assert documents.loc["locked", "messages"] is None  # nothing to send: a row error later
+    assert json.loads(documents.loc["good", "messages"])[1]["content"] == (
+        "Invoice:\n\nInvoice number: INV-9")
