@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -27,7 +28,9 @@ def _declared(spec: type, name: str) -> Any:
     with that field's default and description: the spec is their one home."""
     source = _SPEC_FIELDS[spec][name]
     options: dict[str, Any] = {"description": source.metadata[DESCRIPTION]}
-    if source.default is not dataclasses.MISSING:
+    if isinstance(source.default, tuple):  # config lists are lists; the specs' are tuples
+        options["default_factory"] = functools.partial(list, source.default)
+    elif source.default is not dataclasses.MISSING:
         options["default"] = source.default
     elif source.default_factory is not dataclasses.MISSING:
         options["default_factory"] = source.default_factory
@@ -81,6 +84,7 @@ class Endpoint(dg.Config):
     requests_per_minute: int | None = _declared(EndpointSpec, "requests_per_minute")
     rate_limit_window_s: float = _declared(EndpointSpec, "rate_limit_window_s")
     max_context_tokens: int | None = _declared(EndpointSpec, "max_context_tokens")
+    embedding_models: list[str] = _declared(EndpointSpec, "embedding_models")
 
     def to_spec(self) -> EndpointSpec:
         return EndpointSpec(**_spec_values(self, EndpointSpec))

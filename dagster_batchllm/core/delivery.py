@@ -140,7 +140,7 @@ class OnlineDelivery:
         since = self._unreachable_since
         if not since:
             return
-        serving = [e for e in self.settings.endpoints if model in e.models]
+        serving = [e for e in self.settings.endpoints if model in e.served_models]
         now = time.monotonic()
         if all(now - since.get(e.name, now) >= self.unreachable_after_s for e in serving):
             where = ", ".join(f"'{e.name}' at {e.base_url}" for e in serving)
@@ -204,8 +204,8 @@ class OnlineDelivery:
 def _context_limits_by_model(settings: InferenceSettings) -> dict[str, int]:
     """Per model, the longest context of the endpoints serving it, where all of them say."""
     limits: dict[str, int] = {}
-    for model in settings.models:
-        windows = [e.max_context_tokens for e in settings.endpoints if model in e.models]
+    for model in settings.models | settings.embedding_models:
+        windows = [e.max_context_tokens for e in settings.endpoints if model in e.served_models]
         if windows and all(w is not None for w in windows):
             limits[model] = max(windows)
     return limits
