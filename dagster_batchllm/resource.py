@@ -17,6 +17,7 @@ from pydantic import Field, PrivateAttr
 from .context import read_context
 from .core.call import InferenceCall
 from .core.client import InferenceClient
+from .core.embed_call import EmbedCall
 from .core.errors import InferenceConfigError
 from .core.results import InferenceEstimate, InferenceResult
 from .core.settings import DESCRIPTION, EndpointSpec, InferenceSettings
@@ -289,6 +290,23 @@ class BatchInferenceResource(dg.ConfigurableResource):
         """A dry run with the same arguments as :meth:`infer`: counts, tokens and cost."""
         return self.client.estimate(df, call, **kwargs)
 
+    def embed(self, df: Any, call: EmbedCall | None = None, /, *, context: Any = None,
+              **kwargs: Any) -> InferenceResult:
+        """One float32 vector (1-D numpy array) per row of ``df`` from a model of an
+        Endpoint's ``embedding_models``; failures are data in ``<output>_error``.
+
+        Arguments: ``input`` (a template, e.g. ``"{title}: {body}"``) or ``input_column``;
+        ``model``; ``output_column`` (default ``embedding``); ``dimensions``;
+        ``inputs_per_request`` (64); ``max_request_tokens``; ``token_budget``. These are the
+        fields of :class:`~dagster_batchllm.core.embed_call.EmbedCall`. ``context=`` as for
+        :meth:`infer`. The dry run is ``estimate(df, ..., task="embed")``.
+        """
+        return self.client.embed(df, call, **_context_kwargs(context, call, kwargs))
+
+    async def aembed(self, df: Any, call: EmbedCall | None = None, /, *, context: Any = None,
+                     **kwargs: Any) -> InferenceResult:
+        return await self.client.aembed(df, call, **_context_kwargs(context, call, kwargs))
+
     @property
     def ledger(self):
         return self.client.ledger
@@ -321,7 +339,7 @@ def _with_field_defaults(schema: ConfigField, values: dict[str, Any]) -> ConfigF
                        description=schema.description)
 
 
-def _context_kwargs(context: Any, call: InferenceCall | None,
+def _context_kwargs(context: Any, call: InferenceCall | EmbedCall | None,
                     kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's keywords with what the context says filled in, where neither the keywords
     nor the call say it already."""
