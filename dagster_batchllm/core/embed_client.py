@@ -20,6 +20,8 @@ from .results import InferenceEstimate, InferenceResult, row_outcome_columns
 if TYPE_CHECKING:
     from .client import InferenceClient
 
+_MAX_ROOM = 8192
+
 
 def bind_embed_call(client: InferenceClient, df: Any, call: EmbedCall | None,
                     fields: dict[str, Any]) -> EmbedCall:
@@ -47,9 +49,11 @@ async def embed_frame(client: InferenceClient, df: Any, call: EmbedCall | None, 
                 f"The input already has a column '{name}'; choose another output_column.")
     settings = client.settings
     # A grouped reply settles a request's worth of rows at once: the writer's room (how many
-    # unwritten answers pause sending) must hold a few replies, or every reply would stall
-    # sending until it is written.
-    room = max(settings.ledger_flush_rows, 4 * call.inputs_per_request)
+    # unwritten answers pause sending) holds what every request in flight may answer, or the
+    # workers would stall (and all wake) at each write. The journal keeps those answers safe
+    # from a kill meanwhile; 8,192 base64 vectors of 384 dimensions are ~20 MB.
+    in_flight = client.pool.capacity(call.model) * call.inputs_per_request
+    room = max(settings.ledger_flush_rows, min(_MAX_ROOM, 2 * in_flight))
     if room != settings.ledger_flush_rows:
         settings = settings.replace(ledger_flush_rows=room)
     budget = call.token_budget if call.token_budget is not None else settings.token_budget
