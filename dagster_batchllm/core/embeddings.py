@@ -131,9 +131,11 @@ class EmbedTask:
             raise MalformedResponseError(
                 f"endpoint '{endpoint}' answered 200 without a 'data' list of embeddings "
                 f"(got {keys})")
-        if any(d.get("index") != i for i, d in enumerate(data)):
-            indexes = [d.get("index") for d in data]
-            if sorted(indexes, key=str) != list(range(len(data))):
+        indexes = [d.get("index") for d in data]
+        in_order = list(range(len(data)))
+        # The indexes say the order; a server that sends none answers in input order.
+        if indexes != in_order and indexes != [None] * len(data):
+            if not all(type(i) is int for i in indexes) or sorted(indexes) != in_order:
                 raise MalformedResponseError(
                     f"endpoint '{endpoint}' answered embeddings whose indexes are not "
                     f"0..{len(data) - 1}")

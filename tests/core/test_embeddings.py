@@ -165,7 +165,7 @@ def test_retries_and_a_whole_request_failure_apply_to_the_group(fresh, tmp_path)
         fresh.script(500, 500)
         failed = client.embed(pd.DataFrame({"text": ["x y z", "y z w"]}), input_column="text",
                               model=EMBED)
-    assert retried.stats.succeeded == 8 and retried.stats.retries == 8  # counted per item
+    assert retried.stats.succeeded == 8 and retried.stats.retries == 1
     assert retried.stats.requests == 2
     assert failed.error_types.tolist() == ["server_error"] * 2
 
@@ -196,3 +196,43 @@ def test_mistakes_in_the_call_raise_before_sending(fresh, tmp_path):
         with pytest.raises(InferenceConfigError, match="no argument"):
             client.embed(df, input_column="text", model=EMBED, prompt="x")
     assert fresh.stats()["embeddings"]["requests"] == 0
+
+
+def test_replies_are_read_in_index_order_and_odd_ones_are_refused():
+    import json as json_module
+
+    from dagster_batchllm.core.embed_call import EmbedCall
+    from dagster_batchllm.core.embeddings import EmbedTask
+    from dagster_batchllm.core.errors import MalformedResponseError
+
+    def reply(data):
+        return json_module.dumps({"data": data, "usage": {"prompt_tokens": 6}}).encode()
+
+    def vector(x):
+        return base64.b64encode(np.full(3, x, dtype="<f4").tobytes()).decode()
+
+    parse = EmbedTask.parse_reply
+    shuffled = parse(reply([{"index": i, "embedding": vector(i)} for i in (2, 0, 1)]),
+                     endpoint="e", latency_s=0.0)
+    assert shuffled.payload == [vector(0), vector(1), vector(2)] and shuffled.prompt_tokens == 6
+    unindexed = parse(reply([{"embedding": vector(i)} for i in (5, 6)]), endpoint="e",
+                      latency_s=0.0)
+    assert unindexed.payload == [vector(5), vector(6)]
+    for bad in ([{"index": 0, "embedding": vector(0)}, {"index": 0, "embedding": vector(1)}],
+                [{"index": "0", "embedding": vector(0)}], "not a list"):
+        with pytest.raises(MalformedResponseError, match="indexes|data"):
+            parse(reply(bad), endpoint="e", latency_s=0.0)
+
+    task = EmbedTask(EmbedCall(input_column="t", model="m"))
+    [item] = task.requests(iter([("hello there",)]))
+    floats = parse(reply([{"index": 0, "embedding": [0.5, -0.25, 1.0]}]), endpoint="e",
+                   latency_s=0.0)
+    [part] = task.split_reply(floats, [item])
+    np.testing.assert_array_equal(task.value(part.content), np.array([0.5, -0.25, 1.0], "f4"))
+    assert part.prompt_tokens == 6
+    for broken in (["x", 1], "abc", None):
+        [failed] = task.split_reply(parse(reply([{"index": 0, "embedding": broken}]),
+                                          endpoint="e", latency_s=0.0), [item])
+        assert failed.error_type.value == "malformed_response"
+    with pytest.raises(MalformedResponseError, match="NaN"):
+        task.value(base64.b64encode(np.array([np.nan], "<f4").tobytes()).decode())
