@@ -21,6 +21,7 @@ import binascii
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -225,10 +226,26 @@ class FloatFallback:
         try:
             return await self.inner.send(request, attempts)
         except EndpointError as exc:
+            if _too_many_inputs(exc) and len(request.payload) > 1:
+                # The server takes fewer inputs per request (TEI's default is 32): later
+                # groups are smaller, and this one is split (the grouping does that).
+                self.task.items_per_request = min(self.task.items_per_request,
+                                                  max(1, len(request.payload) // 2))
+                raise
             if not _refuses_base64(exc, request):
                 raise
             self.task.use_floats(request.model)
         return await self.inner.send(self.task.group_request(request.payload), attempts)
+
+
+# How servers say a request holds more inputs than they take (the simulator, OpenAI's limit of
+# 2048, TEI's client batch size).
+_TOO_MANY_INPUTS = re.compile(r"too many inputs|batch size|must have less than|at most \d+ "
+                              r"(?:inputs|elements)", re.I)
+
+
+def _too_many_inputs(exc: EndpointError) -> bool:
+    return exc.error_type == ErrorType.BAD_REQUEST and bool(_TOO_MANY_INPUTS.search(exc.message))
 
 
 def _refuses_base64(exc: EndpointError, request: RowRequest) -> bool:

@@ -236,3 +236,19 @@ def test_replies_are_read_in_index_order_and_odd_ones_are_refused():
         assert failed.error_type.value == "malformed_response"
     with pytest.raises(MalformedResponseError, match="NaN"):
         task.value(base64.b64encode(np.array([np.nan], "<f4").tobytes()).decode())
+
+
+def test_a_server_taking_fewer_inputs_per_request_makes_later_requests_smaller(tmp_path):
+    with SimulatedEndpoint(embedding_models=(EMBED,), embedding_dimensions=8,
+                           max_inputs_per_request=8) as small:
+        spec = EndpointSpec(name="small", base_url=small.base_url, embedding_models=(EMBED,),
+                            max_concurrency=1)
+        with InferenceClient(InferenceSettings(endpoints=(spec,), store_url=None)) as client:
+            result = client.embed(pd.DataFrame({"text": texts(200)}), input_column="text",
+                                  inputs_per_request=64)
+        stats = small.stats()["embeddings"]
+    assert result.stats.succeeded == 200
+    # The two groups of 64 gathered before the first refusal are split down to 8 (1 + 2 + 4
+    # refusals each); the later ones are gathered 8 at a time. Halving every group would have
+    # been refused 7 times per 64 inputs: 21 times.
+    assert stats["by_status"]["400"] <= 14 and stats["ok"] == 25
