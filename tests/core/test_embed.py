@@ -252,3 +252,11 @@ def test_a_server_taking_fewer_inputs_per_request_makes_later_requests_smaller(t
     # refusals each); the later ones are gathered 8 at a time. Halving every group would have
     # been refused 7 times per 64 inputs: 21 times.
     assert stats["by_status"]["400"] <= 14 and stats["ok"] == 25
+
+
+def test_a_model_column_naming_an_embedding_model_fails_those_rows_in_infer(fresh, tmp_path):
+    df = pd.DataFrame({"m": ["chat-model", EMBED], "text": ["hi", "hi"]})
+    with make_client(fresh, tmp_path) as client:
+        result = client.infer(df, prompt="Say {text}", model_column="m", max_tokens=8)
+    assert result.error_types.tolist() == [None, "unsupported_model"]
+    assert "not served on /chat/completions" in result.df["output_error"][1]
