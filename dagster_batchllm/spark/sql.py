@@ -37,6 +37,7 @@ from ..ai_functions.catalogue import AI_QUERY, legacy_options
 from ..core.errors import InferenceConfigError
 from . import documents, functions, worker
 from .builders import register_builder
+from .embeddings import EmbeddingQueries
 from .job import RESULT_STRUCT_DDL
 from .session import SparkAI
 
@@ -79,7 +80,8 @@ def register_ai_functions(spark: Any, resource_or_settings: Any, *,
     as_struct = pandas_udf(
         worker.sql_function(job.replace(fail_on_error=False), struct=True), RESULT_STRUCT_DDL,
     ).asNondeterministic()
-    builder = AIQueryBuilder(ai, as_text._unwrapped._judf, as_struct._unwrapped._judf)
+    builder = AIQueryBuilder(ai, as_text._unwrapped._judf, as_struct._unwrapped._judf,
+                             embeddings=EmbeddingQueries(ai))
     register_builder(spark, "ai_query", builder)
     ai.sql_builder = builder  # Spark's registry holds only a py4j proxy of it
     ai.function_builders = functions.register(spark, ai, job)  # kept alive for the same reason
@@ -94,21 +96,35 @@ class AIQueryBuilder:
     STRING or the STRUCT pandas-UDF expression over the same arguments.
     """
 
-    def __init__(self, ai: SparkAI, as_text: Any, as_struct: Any):
+    def __init__(self, ai: SparkAI, as_text: Any, as_struct: Any,
+                 embeddings: EmbeddingQueries | None = None):
         self.ai = ai
         self.as_text = as_text
         self.as_struct = as_struct
+        self.embeddings = embeddings  # the ARRAY<FLOAT> UDFs for embedding models
 
     def apply(self, expressions: Any) -> Any:
         arguments, pairs = _arguments(expressions)
-        fail_on_error = _check(self.ai, arguments)
-        chosen = self.as_text if fail_on_error else self.as_struct
-        no_files = _null_literal(arguments.get("files"))
-        if no_files:  # files => NULL: no files (DuckDB's default), not NULL for every row
-            del arguments["files"]
+        chosen = self._embedding_udf(arguments)
+        no_files = False
+        if chosen is None:
+            fail_on_error = _check(self.ai, arguments)
+            chosen = self.as_text if fail_on_error else self.as_struct
+            no_files = _null_literal(arguments.get("files"))
+            if no_files:  # files => NULL: no files (DuckDB's default), not NULL for every row
+                del arguments["files"]
         if pairs or no_files:  # the UDF reads options by position or name: hand them by name
             expressions = _named_arguments(self.ai.spark, arguments)
         return chosen.builder(expressions)
+
+    def _embedding_udf(self, arguments: dict[str, Any]) -> Any:
+        """The embedding UDF when the (constant) endpoint names an embedding model."""
+        endpoint = arguments["endpoint"]
+        if self.embeddings is None or not endpoint.foldable():
+            return None
+        options = {name: _constant(e) if e.foldable() else "(not a constant)"
+                   for name, e in arguments.items() if name not in ("endpoint", "request")}
+        return self.embeddings.udf_for(_constant(endpoint), options)
 
     class Java:
         implements = ["scala.Function1"]

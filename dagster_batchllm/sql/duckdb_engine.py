@@ -55,6 +55,7 @@ from ..ai_functions.catalogue import (
     AIFunction,
     check_not_legacy,
 )
+from ..ai_functions.embeddings import embedding_result_type, literal_endpoint
 from ..ai_functions.outcomes import as_json, failure, with_error
 from ..core.errors import InferenceConfigError
 from .runtime import Row, Runtime
@@ -62,6 +63,8 @@ from .runtime import Row, Runtime
 CALL_UDF = "__batchllm_call"
 _RESULT_STRUCT = re.compile(r"STRUCT\(result [^)]*errorMessage VARCHAR\)")
 TYPE_UDF = "__batchllm_type"
+ENDPOINT_ALIAS = "__endpoint"  # ai_query's endpoint as written, in the type UDF's options
+_NOT_CONSTANT = 'argument in function "from_json" must be a constant expression'
 # ai_parse_document: one Python function per input type (a BLOB of the PDF, a path to it).
 PARSE_BLOB_UDF, PARSE_PATH_UDF = "__batchllm_parse_document_blob", "__batchllm_parse_document_path"
 
@@ -99,15 +102,20 @@ class DuckDBFunctions:
                 con.remove_function(udf)
             except duckdb.InvalidInputException:
                 pass  # not registered yet
-        con.create_function(TYPE_UDF, result_structure, ["VARCHAR", "VARCHAR[]", "VARCHAR"],
-                            "VARCHAR", null_handling="special", side_effects=False)
+        embedding_models = self.runtime.client.settings.embedding_models
+
+        def structure(function: str, types: list[str], options: str) -> str:
+            return result_structure(function, types, options, embedding_models)
+
+        con.create_function(TYPE_UDF, structure, ["VARCHAR", "VARCHAR[]", "VARCHAR"], "VARCHAR",
+                            null_handling="special", side_effects=False)
         # side_effects=True: DuckDB must not evaluate a call twice (it would, for an expression
         # that a CTE's outer query refers to several times) nor fold it away.
         con.create_function(CALL_UDF, self._call, ["VARCHAR"] * 5 + ["BLOB[]", "VARCHAR[]"],
                             "VARCHAR", type="arrow", null_handling="special",
                             side_effects=True)
         for function in FUNCTIONS.values():
-            con.execute(macro_sql(function))
+            con.execute(macro_sql(function, typed_by_endpoint=bool(embedding_models)))
         install_parse_document(con)
 
     def execute(self, query: str, parameters: Any = None) -> Any:
@@ -122,6 +130,12 @@ class DuckDBFunctions:
         try:
             return self.connection.execute(query, parameters)
         except duckdb.BinderException as exc:
+            if _NOT_CONSTANT in str(exc) and self.runtime.client.settings.embedding_models:
+                raise duckdb.BinderException(
+                    f"{exc}\nWhere the endpoints serve embedding models, ai_query's endpoint is "
+                    "a string literal on DuckDB (its result type, FLOAT[] for an embedding model, "
+                    "is fixed when the query is bound): write one ai_query per model, e.g. "
+                    "CASE m WHEN 'a' THEN ai_query('a', t) ... END.") from exc
             if not _RESULT_STRUCT.search(str(exc)):
                 raise
             raise duckdb.BinderException(
@@ -196,11 +210,18 @@ def install_parse_document(con: Any) -> None:
         f"path), got ' || typeof(content)) END")
 
 
-def result_structure(function: str, types: list[str], options: str) -> str:
-    """Bind time: check argument types, return the ``from_json`` structure of the result."""
+def result_structure(function: str, types: list[str], options: str,
+                     embedding_models: frozenset[str] = frozenset()) -> str:
+    """Bind time: check argument types, return the ``from_json`` structure of the result
+    (``FLOAT[]`` for ``ai_query`` on an embedding model named by a literal)."""
     spec = FUNCTIONS[function]
     if spec is AI_QUERY:  # before the type check, which would blame failOnError
-        check_not_legacy(json.loads(options))
+        shaping = json.loads(options)
+        check_not_legacy(shaping)
+        model = literal_endpoint(shaping.pop(ENDPOINT_ALIAS, None))
+        if model in embedding_models:
+            return json.dumps(embedding_result_type(shaping, model).duckdb_structure())
+        options = json.dumps(shaping)
     for param, type_name in zip(spec.params, types, strict=True):
         type_name = type_name.strip('"')
         if type_name == "NULL" or _ACCEPTS[param.accepts](type_name):
@@ -217,8 +238,10 @@ def _article(family: str) -> str:
     return f"an {family}" if family[0] in "AEIOU" else f"a {family}"
 
 
-def macro_sql(spec: AIFunction) -> str:
-    """``CREATE TEMP MACRO`` for one function (named parameters carry the defaults)."""
+def macro_sql(spec: AIFunction, typed_by_endpoint: bool = False) -> str:
+    """``CREATE TEMP MACRO`` for one function (named parameters carry the defaults).
+    ``typed_by_endpoint``: ``ai_query``'s result type depends on the model its endpoint
+    literal names (``FLOAT[]`` for an embedding model)."""
     params = ", ".join(p.name if p.default is REQUIRED else f"{p.name} := {_literal(p.default)}"
                        for p in spec.params)
     # The casts let the call bind whatever was passed, so that the type check below is what
@@ -227,6 +250,11 @@ def macro_sql(spec: AIFunction) -> str:
              + ["NULL"] * (2 - len(spec.text_params)))
     options = [f"'{p.name}', {p.name}" for p in spec.option_params]
     shaping = ", ".join(f"'{p.name}', {p.name}" for p in spec.option_params if p.shapes_result)
+    if spec is AI_QUERY and typed_by_endpoint:
+        # alias() of a literal is the literal as written ('bge'), constant when the query is
+        # bound, so the result type can follow the model it names. DuckDB cannot fold alias()
+        # of a column, so the endpoint must then be a literal (execute() says so).
+        shaping += f", '{ENDPOINT_ALIAS}', alias(endpoint)"
     types = ", ".join(f"typeof({p.name})" for p in spec.params)
     files = spec.file_param
     if files is None:

@@ -64,8 +64,11 @@ class Runtime:
 
     # -- models -----------------------------------------------------------------------------
     def model_for(self, function: str, endpoint: Any, *, required: bool) -> str:
-        """The served model an ``endpoint`` argument names; None means the default model."""
+        """The served model an ``endpoint`` argument names; None means the default model.
+        ``ai_query`` may also name an embedding model (its rows are embedded)."""
         served = self.client.settings.models
+        if function == "ai_query":
+            served = served | self.client.settings.embedding_models
         if endpoint is None:
             if required:
                 raise InferenceConfigError(f"{function}: argument 'endpoint' is NULL.")
@@ -131,12 +134,15 @@ class Runtime:
             futures[key].set_result(outcome)
         outcomes: list[Outcome] = [NULL_OUTCOME] * len(rows)
         repeats = sum(len(v) for v in mine.values()) - len(mine)
+        embedding = self.client.settings.embedding_models
         for key, indices in mine.items():
-            outcome = read_outcome(call, futures[key].result())
+            # A vector is the value itself; the call's reader is for a chat reply.
+            outcome = (futures[key].result() if key[1] in embedding
+                       else read_outcome(call, futures[key].result()))
             for i in indices:
                 outcomes[i] = outcome
-        for future, indices in theirs.values():
-            outcome = read_outcome(call, await future)
+        for key, (future, indices) in theirs.items():
+            outcome = await future if key[1] in embedding else read_outcome(call, await future)
             for i in indices:
                 outcomes[i] = outcome
         with self._stats_lock:
@@ -145,7 +151,43 @@ class Runtime:
             self._stats.rows += len(rows) - len(mine)
         return outcomes
 
-    async def _infer(self, call: BoundCall, keys: list[Key]) -> list[tuple[Any, str | None]]:
+    async def _infer(self, call: BoundCall, keys: list[Key]
+                     ) -> list[tuple[Any, str | None]]:
+        """The (value, error) of each key's request: chat models' through ``infer``, embedding
+        models' through ``embed`` (a vector as a list of floats)."""
+        embedding = self.client.settings.embedding_models
+        if not any(k[1] in embedding for k in keys):
+            return await self._infer_chat(call, keys)
+        by_kind: dict[str | None, list[int]] = {}
+        for i, key in enumerate(keys):
+            by_kind.setdefault(key[1] if key[1] in embedding else None, []).append(i)
+        outcomes: list[tuple[Any, str | None]] = [(None, None)] * len(keys)
+        for model, indices in by_kind.items():
+            chosen = [keys[i] for i in indices]
+            found = (await self._infer_chat(call, chosen) if model is None
+                     else await self._embed(call, model, [k[2] for k in chosen]))
+            for i, outcome in zip(indices, found, strict=True):
+                outcomes[i] = outcome
+        return outcomes
+
+    async def _embed(self, call: BoundCall, model: str, texts: list[str]
+                     ) -> list[tuple[Any, str | None]]:
+        import pandas as pd
+
+        if call.params or call.response_format is not None:
+            raise InferenceConfigError(
+                f"{call.function}: '{model}' is an embedding model: it takes no "
+                "modelParameters or responseFormat (only failOnError).")
+        result = await self.client.aembed(
+            pd.DataFrame({"text": texts}), input_column="text", model=model,
+            output_column="output", error_column="error", partition_key=self.partition_key,
+            scope=self.scope, run_id=self.run_id, logger=self.logger)
+        self._add(result.stats)
+        return [(None if vector is None else vector.tolist(), error)
+                for vector, error in zip(result.df["output"], result.df["error"], strict=True)]
+
+    async def _infer_chat(self, call: BoundCall, keys: list[Key]
+                          ) -> list[tuple[Any, str | None]]:
         """One ``infer`` for the rows without a file, one for those with one (images=)."""
         with_file = [i for i, key in enumerate(keys) if key[3] is not None]
         if not with_file:
