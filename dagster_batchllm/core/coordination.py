@@ -116,6 +116,7 @@ class RunCoordinator:
         # endpoint -> requests this run may have in flight (set by each heartbeat)
         self.capacities: dict[str, int] = {}
         self.claims = _claims_table(ledger_table)
+        self._sqlite_claim_sql: str | None = None  # compiled on the first claim
         # host:pid:pool:random, so that a run on the same host can tell this process is gone.
         self.group = f"{_HOST}:{os.getpid()}:{group or uuid.uuid4().hex[:8]}"
         self.holder_id = f"{self.group}:{uuid.uuid4().hex[:8]}"
@@ -230,28 +231,47 @@ class RunCoordinator:
         backend = self.engine.dialect.name
         if backend not in ("sqlite", "postgresql"):
             return set()
-        insert = (sa.dialects.sqlite.insert if backend == "sqlite"
-                  else sa.dialects.postgresql.insert)
         c = self.claims
         keys = list(keys)
         others: set[str] = set()
         now = time.time()
         with self.engine.begin() as conn:
-            live = self._live_holders(conn, now)
+            live: set[str] | None = None  # read only when another run holds one of the keys
             for start in range(0, len(keys), _BATCH):
                 batch = keys[start:start + _BATCH]
-                conn.execute(c.delete().where(c.c.request_key.in_(batch),
-                                              c.c.holder_id.not_in(live)))
-                conn.execute(
-                    insert(c).on_conflict_do_nothing(index_elements=[c.c.request_key]),
-                    [{"request_key": k, "holder_id": self.holder_id, "claimed_at": now}
-                     for k in batch],
-                )
-                others.update(conn.execute(
-                    sa.select(c.c.request_key).where(c.c.request_key.in_(batch),
-                                                     c.c.holder_id != self.holder_id)
-                ).scalars())
+                self._insert_claims(conn, backend, batch, now)
+                held = conn.execute(
+                    sa.select(c.c.request_key, c.c.holder_id).where(
+                        c.c.request_key.in_(batch), c.c.holder_id != self.holder_id)).all()
+                if not held:
+                    continue
+                if live is None:
+                    live = self._live_holders(conn, now)
+                gone = [key for key, holder in held if holder not in live]
+                others.update(key for key, holder in held if holder in live)
+                if gone:  # take over the claims of runs that are gone
+                    conn.execute(c.delete().where(c.c.request_key.in_(gone),
+                                                  c.c.holder_id.not_in(live)))
+                    self._insert_claims(conn, backend, gone, now)
         return others
+
+    def _insert_claims(self, conn: sa.Connection, backend: str, keys: list[str],
+                       now: float) -> None:
+        """Claim the unclaimed ``keys`` (a key another run holds keeps its holder)."""
+        c = self.claims
+        if backend == "sqlite":  # tuples straight to the driver: a run claims every request
+            if self._sqlite_claim_sql is None:
+                self._sqlite_claim_sql = str(sa.dialects.sqlite.insert(c).values(
+                    request_key=sa.bindparam("k"), holder_id=sa.bindparam("h"),
+                    claimed_at=sa.bindparam("t")).on_conflict_do_nothing(
+                    index_elements=[c.c.request_key]).compile(dialect=self.engine.dialect))
+            holder = self.holder_id
+            conn.exec_driver_sql(self._sqlite_claim_sql, [(k, holder, now) for k in keys])
+            return
+        conn.execute(
+            sa.dialects.postgresql.insert(c).on_conflict_do_nothing(
+                index_elements=[c.c.request_key]),
+            [{"request_key": k, "holder_id": self.holder_id, "claimed_at": now} for k in keys])
 
     def release(self, keys: Iterable[str]) -> None:
         """End this run's claims on requests whose outcome is now in the ledger."""

@@ -60,14 +60,30 @@ class AnswerJournal:
         self._fd = os.open(creating, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.rename(creating, self.path)
+        self._fields: tuple[str, ...] | None = None  # those of the last object line
 
     def append(self, record: dict[str, Any]) -> None:
         self.append_many([record])
 
     def append_many(self, records: list[dict[str, Any]]) -> None:
-        """One ``write`` for all of them (a grouped reply's answers arrive together)."""
-        os.write(self._fd, "".join(json.dumps(r, separators=(",", ":")) + "\n"
-                                   for r in records).encode())
+        """One ``write`` for all of them (a grouped reply's answers arrive together).
+
+        A record with the same fields as the object line before it is written as a JSON array
+        of its values (half the CPU of an object, which a run pays for every answer); the
+        reader takes the field names from that object line."""
+        lines = []
+        fields = self._fields
+        dumps = json.dumps
+        for record in records:
+            keys = tuple(record)
+            if keys == fields:
+                lines.append(dumps(list(record.values()), separators=(",", ":")))
+            else:
+                lines.append(dumps(record, separators=(",", ":")))
+                fields = keys
+        lines.append("")
+        os.write(self._fd, "\n".join(lines).encode())
+        self._fields = fields  # once its object line is written
 
     def close(self, *, remove: bool) -> None:
         """``remove``: every record is in the ledger; otherwise the next run folds it."""
@@ -116,9 +132,15 @@ def fold_abandoned(directory: Path | None, ledger: Ledger, log: Any) -> int:
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
     records = []
+    fields: list[str] = []
     with path.open("rb") as lines:
         for line in lines:
             if not line.endswith(b"\n"):
                 break  # cut off by the kill: that answer was never acknowledged
-            records.append(json.loads(line))
+            record = json.loads(line)
+            if isinstance(record, list):  # the fields of the last object line
+                records.append(dict(zip(fields, record, strict=True)))
+            else:
+                records.append(record)
+                fields = list(record)
     return records
