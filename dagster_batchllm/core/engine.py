@@ -112,6 +112,7 @@ class InferenceRun:
             route=self.task.route, parse=self.task.parse_reply, writer=self._writer,
             log=self.log))
         self._coordination: RunCoordination[KeyState] | None = None
+        self._per_send = 1  # items a worker hands the delivery at once (set by run)
         self._done_rows = 0
         self._started = 0.0
         # Every request key the input asks for, when the caller retires the others afterwards.
@@ -123,8 +124,11 @@ class InferenceRun:
         journal_dir = journal_dir_for(self.ledger)
         await asyncio.to_thread(fold_abandoned, journal_dir, self.ledger, self.log)
         journal = self._writer.journal = AnswerJournal(journal_dir) if journal_dir else None
-        workers_n = max(1, min(_MAX_WORKERS, 2 * self.delivery.capacity()))
-        queue: asyncio.Queue[KeyState | None] = asyncio.Queue(maxsize=workers_n)
+        # A delivery that gathers items into requests takes them a request's worth at a time
+        # (``items_per_send``, one by default): a worker, and a queue entry, per such parcel.
+        per_send = self._per_send = max(1, getattr(self.delivery, "items_per_send", 1))
+        workers_n = max(1, min(_MAX_WORKERS, -(-2 * self.delivery.capacity() // per_send)))
+        queue: asyncio.Queue[list[KeyState] | None] = asyncio.Queue(maxsize=workers_n)
         try:
             coordination = self._coordination = await RunCoordination.join(
                 self.settings, self.ledger, self.pool, log=self.log,
@@ -188,6 +192,7 @@ class InferenceRun:
         chunk_rows = min(self.settings.chunk_rows,
                          self.task.max_chunk_rows or self.settings.chunk_rows)
         coordination = self._coordination
+        per_send = self._per_send
         for start in range(0, len(self.inputs), chunk_rows):
             rows = row_tuples(self.inputs.iloc[start:start + chunk_rows])
             fresh: dict[str, KeyState] = {}
@@ -228,11 +233,18 @@ class InferenceRun:
                     coordination.park(key, state)
                 # Answered and released by another run between the lookup and the claim?
                 await self._answer_from_ledger(fresh)
+            parcel: list[KeyState] = []
             for key, state in fresh.items():
                 self._inflight[key] = state
-                await queue.put(state)
+                parcel.append(state)
+                if len(parcel) >= per_send:
+                    await queue.put(parcel)
+                    parcel = []
+            if parcel:
+                await queue.put(parcel)
         if coordination is not None:
-            await coordination.send_parked(self._answer_from_ledger, queue.put)
+            await coordination.send_parked(self._answer_from_ledger,
+                                           lambda state: queue.put([state]))
         for _ in range(workers_n):
             await queue.put(None)
 
@@ -257,16 +269,24 @@ class InferenceRun:
                              endpoint="ledger")
 
     async def _worker(self, queue: asyncio.Queue) -> None:
-        while (state := await queue.get()) is not None:
+        while (parcel := await queue.get()) is not None:
             try:
-                await self._process(state)
+                if len(parcel) == 1:
+                    await self._process(parcel[0])
+                else:
+                    await self._process_many(parcel)
             except asyncio.CancelledError:
                 raise
             except LedgerUnwritable as exc:  # reported once, by the flush loop and the last write
-                self._settle_error(state, InternalError(str(exc)))
+                self._settle_unsettled(parcel, InternalError(str(exc)))
             except Exception as exc:  # a bug must not take the other rows down with it
                 self.log.exception("batchllm: internal error while processing a request")
-                self._settle_error(state, InternalError(f"{type(exc).__name__}: {exc}"))
+                self._settle_unsettled(parcel, InternalError(f"{type(exc).__name__}: {exc}"))
+
+    def _settle_unsettled(self, states: list[KeyState], error: RowError) -> None:
+        for state in states:
+            if state.outcome is None:
+                self._settle_error(state, error)
 
     async def _process(self, state: KeyState) -> None:
         await self._writer.wait_for_room()
@@ -276,9 +296,7 @@ class InferenceRun:
         if budget is not None:
             while not budget.try_reserve(reserve):
                 if budget.reserved == 0:
-                    self._settle_error(state, DeferredError(
-                        f"the token budget ({budget.total}) has {budget.remaining} tokens "
-                        f"left, this request may need {reserve}; a later call will send it"))
+                    self._settle_error(state, self._over_budget(reserve))
                     return
                 await budget.wait_for_settlement()
         attempts = Attempts()
@@ -292,6 +310,57 @@ class InferenceRun:
             self.stats.retries += max(0, attempts.count - 1)
             if budget is not None:
                 budget.settle(reserve, attempts.spent)
+        self._conclude(state, completion, attempts)
+
+    async def _process_many(self, states: list[KeyState]) -> None:
+        """``_process`` for a parcel: one ``send_many`` for the items the budget lets go now
+        (in order; the rest wait for settlements as a single item does)."""
+        budget, stats = self.budget, self.stats
+        pending = states
+        while pending:
+            await self._writer.wait_for_room()
+            batch = pending
+            if budget is not None:
+                fits = 0
+                for state in pending:
+                    if not budget.try_reserve(state.request.reserve_tokens):
+                        break
+                    fits += 1
+                batch, pending = pending[:fits], pending[fits:]
+                if not batch:
+                    if budget.reserved == 0:
+                        state = pending.pop(0)
+                        self._settle_error(state, self._over_budget(state.request.reserve_tokens))
+                    else:
+                        await budget.wait_for_settlement()
+                    continue
+            else:
+                pending = []
+            attempts = [Attempts() for _ in batch]
+            try:
+                results = await self.delivery.send_many([s.request for s in batch], attempts)
+            finally:
+                for state, tried in zip(batch, attempts, strict=True):
+                    stats.requests += tried.sent
+                    stats.retries += max(0, tried.count - 1)
+                    if budget is not None:
+                        budget.settle(state.request.reserve_tokens, tried.spent)
+            for state, result, tried in zip(batch, results, attempts, strict=True):
+                if isinstance(result, RowError):
+                    self._settle_error(state, result, attempts=tried.count,
+                                       endpoint=tried.endpoint)
+                else:
+                    self._conclude(state, result, tried)
+
+    def _over_budget(self, reserve: int) -> DeferredError:
+        budget = self.budget
+        return DeferredError(
+            f"the token budget ({budget.total}) has {budget.remaining} tokens "
+            f"left, this request may need {reserve}; a later call will send it")
+
+    def _conclude(self, state: KeyState, completion: Any, attempts: Attempts) -> None:
+        """Settle ``state`` from the reply its request got."""
+        request = state.request
         self._latencies.append(completion.latency_s)
         self._add_tokens(request.model, completion.prompt_tokens, completion.completion_tokens)
         try:

@@ -6,7 +6,9 @@ delivery that sends one request: it gathers the items that workers hand it at ab
 moment into groups (per model, up to the task's ``items_per_request`` and ``max_request_tokens``,
 or whatever arrived within ``linger_s``), sends each group as one request through the inner
 delivery (so pool, limits, breakers and the retry loop apply to it as to any request), and hands
-each waiting item its own part of the reply.
+each waiting item its own part of the reply. A caller with several items at hand
+(``send_many``: the run's worker hands over ``items_per_send`` at once) waits on one future for
+all of them, not one per item.
 
 A group that fails for a reason that may belong to one of its items (a 400: too long, not valid
 text) is split in halves and each half sent again, down to single items; so only the bad item
@@ -53,13 +55,36 @@ class GroupedTask(Protocol):
         ...
 
 
+class _Waiter:
+    """One ``send_many`` call waiting: a result per item, one future for them all."""
+
+    __slots__ = ("future", "results", "left")
+
+    def __init__(self, future: asyncio.Future, n: int):
+        self.future = future
+        self.results: list[Completion | RowError | None] = [None] * n
+        self.left = n
+
+    def settle(self, index: int, result: Completion | RowError) -> None:
+        if self.future.done():  # its caller was cancelled
+            return
+        self.results[index] = result
+        self.left -= 1
+        if self.left == 0:
+            self.future.set_result(self.results)
+
+
+# Per item of a group: (its waiter, its index there, its Attempts)
+_Slot = tuple[_Waiter, int, Any]
+
+
 class _Group:
     __slots__ = ("model", "items", "waiters", "tokens", "timer")
 
     def __init__(self, model: str):
         self.model = model
         self.items: list[RowRequest] = []
-        self.waiters: list[tuple[asyncio.Future, Any]] = []  # (future, Attempts) per item
+        self.waiters: list[_Slot] = []
         self.tokens = 0
         self.timer: asyncio.TimerHandle | None = None
 
@@ -104,25 +129,42 @@ class GroupingDelivery:
     def snapshot(self) -> dict[str, dict[str, Any]]:
         return self.inner.snapshot()
 
+    @property
+    def items_per_send(self) -> int:
+        """How many items a caller best hands over at once (``send_many``): a request's."""
+        return self.task.items_per_request
+
     # -- gathering ---------------------------------------------------------------------------
     async def send(self, request: RowRequest, attempts: Any) -> Completion:
+        (result,) = await self.send_many([request], [attempts])
+        if isinstance(result, RowError):
+            raise result
+        return result
+
+    async def send_many(self, requests: list[RowRequest], attempts: list[Any]
+                        ) -> list[Completion | RowError]:
+        """The reply (or the final error) of each of ``requests``, in order; each item's
+        ``attempts`` counts as for ``send``."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        group = self._filling.get(request.model)
+        waiter = _Waiter(loop.create_future(), len(requests))
         cap = self.task.max_request_tokens
-        if group is not None and cap is not None and group.items \
-                and group.tokens + request.reserve_tokens > cap:
-            self._dispatch(group)
-            group = None
-        if group is None:
-            group = self._filling[request.model] = _Group(request.model)
-            group.timer = loop.call_later(self.linger_s, self._dispatch, group)
-        group.items.append(request)
-        group.waiters.append((future, attempts))
-        group.tokens += request.reserve_tokens
-        if len(group.items) >= self.task.items_per_request:
-            self._dispatch(group)
-        return await future
+        per_request = self.task.items_per_request
+        filling = self._filling
+        for index, request in enumerate(requests):
+            group = filling.get(request.model)
+            if group is not None and cap is not None and group.items \
+                    and group.tokens + request.reserve_tokens > cap:
+                self._dispatch(group)
+                group = None
+            if group is None:
+                group = filling[request.model] = _Group(request.model)
+                group.timer = loop.call_later(self.linger_s, self._dispatch, group)
+            group.items.append(request)
+            group.waiters.append((waiter, index, attempts[index]))
+            group.tokens += request.reserve_tokens
+            if len(group.items) >= per_request:
+                self._dispatch(group)
+        return await waiter.future
 
     def _dispatch(self, group: _Group) -> None:
         if self._filling.get(group.model) is group:
@@ -139,8 +181,7 @@ class GroupingDelivery:
         group.items, group.waiters = [], []
 
     # -- sending -----------------------------------------------------------------------------
-    async def _deliver(self, items: list[RowRequest], waiters: list[tuple[asyncio.Future, Any]]
-                       ) -> None:
+    async def _deliver(self, items: list[RowRequest], waiters: list[_Slot]) -> None:
         """Send ``items`` as one request and settle every waiter; split on an item's error."""
         from .delivery import Attempts
 
@@ -169,32 +210,29 @@ class GroupingDelivery:
             _fail_waiters(waiters, InternalError(f"{type(exc).__name__}: {exc}"))
             return
         _count(waiters, attempts)
-        for (future, item_attempts), item, part in zip(waiters, items, parts, strict=True):
-            if future.done():
-                continue
-            if isinstance(part, RowError):
-                future.set_exception(part)
-            else:  # what the budget settles to: the item's usage, or its bound when not told
+        for (waiter, index, item_attempts), item, part in zip(waiters, items, parts,
+                                                              strict=True):
+            if not isinstance(part, RowError):
+                # what the budget settles to: the item's usage, or its bound when not told
                 item_attempts.spent += (part.prompt_tokens + part.completion_tokens
                                         if part.usage_reported else item.reserve_tokens)
-                future.set_result(part)
+            waiter.settle(index, part)
 
 
-def _count(waiters: list[tuple[asyncio.Future, Any]], attempts: Any) -> None:
+def _count(waiters: list[_Slot], attempts: Any) -> None:
     """Give each item the group's endpoint, and its attempts and HTTP requests once, on the
     first item, so the run's ``requests`` and ``retries`` figures count requests, not items;
     the other items count one attempt (they were sent, so their answers are journaled)."""
-    for i, (_future, item_attempts) in enumerate(waiters):
+    for i, (_waiter, _index, item_attempts) in enumerate(waiters):
         item_attempts.count += attempts.count if i == 0 else min(attempts.count, 1)
         item_attempts.endpoint = attempts.endpoint
         if i == 0:
             item_attempts.sent += attempts.sent
 
 
-def _fail_waiters(waiters: list[tuple[asyncio.Future, Any]], exc: BaseException) -> None:
-    for future, _attempts in waiters:
-        if not future.done():
-            if isinstance(exc, asyncio.CancelledError):
-                future.cancel()
-            else:
-                future.set_exception(exc)
+def _fail_waiters(waiters: list[_Slot], exc: BaseException) -> None:
+    for waiter, index, _attempts in waiters:
+        if isinstance(exc, asyncio.CancelledError):
+            waiter.future.cancel()
+        else:
+            waiter.settle(index, exc)
