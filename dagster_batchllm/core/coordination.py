@@ -37,6 +37,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -44,10 +45,11 @@ _HOST = socket.gethostname()[:32]
 _BATCH = 500
 
 
-def _beside(ledger_table: sa.Table, suffix: str, *columns: sa.Column) -> sa.Table:
+def _beside(ledger_table: sa.Table, suffix: str, *columns: sa.Column,
+            **options: Any) -> sa.Table:
     """A table next to the ledger (same schema, the ledger's name plus ``suffix``)."""
     return sa.Table(f"{ledger_table.name}{suffix}", sa.MetaData(schema=ledger_table.schema),
-                    *columns)
+                    *columns, **options)
 
 
 def _holders_table(ledger_table: sa.Table) -> sa.Table:
@@ -70,6 +72,9 @@ def _claims_table(ledger_table: sa.Table) -> sa.Table:
         sa.Column("request_key", sa.String(64), primary_key=True),
         sa.Column("holder_id", sa.String(64), nullable=False),
         sa.Column("claimed_at", sa.Float, nullable=False),
+        # SQLite: one B-tree (the key's) instead of a rowid table and its key index; each
+        # request of a run is claimed and released once, so this halves that work.
+        sqlite_with_rowid=False,
     )
 
 

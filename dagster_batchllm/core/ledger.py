@@ -115,6 +115,10 @@ def make_engine(url: str) -> sa.Engine:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA busy_timeout=60000")
         if not in_memory:
+            # A new file only (a no-op once it holds a table): a record with a 384-dimension
+            # vector is ~2.3 kB, so 4 kB pages hold one each; 8 kB pages hold three, and a
+            # run's writes cost about a quarter less.
+            cursor.execute("PRAGMA page_size=8192")
             _use_wal(cursor)
             cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()

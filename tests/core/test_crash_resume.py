@@ -4,6 +4,7 @@ what was in flight paid twice."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -161,4 +162,38 @@ def test_a_new_journal_is_never_folded_by_a_run_starting_at_the_same_moment(tmp_
         assert journal.path.read_text().count("\n") == 1
     finally:
         journal.close(remove=True)
+        ledger.dispose()
+
+
+def test_a_journal_of_arrays_folds_into_the_records_it_was_given(tmp_path):
+    """Records after the first of their fields are journaled as arrays; a record of other
+    fields (or order), and a journal of an older version (an object per line), read back as
+    they were."""
+    import logging
+
+    from dagster_batchllm.core.journal import AnswerJournal, fold_abandoned
+
+    def record(key: str, response: str) -> dict:
+        return {"request_key": key, "scope": "", "partition_key": "", "model": "m",
+                "status": "ok", "response": response, "error": None, "error_type": None,
+                "prompt_tokens": 2, "completion_tokens": 0, "attempts": 1, "endpoint": "sim",
+                "latency_ms": 1.5, "run_id": None}
+
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    directory = tmp_path / ".ledger.db.journal"
+    journal = AnswerJournal(directory)
+    journal.append_many([record("a", "A \"quoted\" é\n"), record("b", "B")])
+    journal.append(dict(reversed(record("c", "C").items())))  # its fields in another order
+    journal.append_many([record("d", "D"), record("e", "E")])
+    lines = journal.path.read_text().splitlines()
+    assert [line[0] for line in lines] == ["{", "[", "{", "{", "["]
+    journal.close(remove=False)  # as a killed run leaves it
+    (directory / "old-run.jsonl").write_text(json.dumps(record("f", "F")) + "\n")
+    try:
+        assert fold_abandoned(directory, ledger, logging.getLogger("test")) == 6
+        answers = ledger.lookup_ok(list("abcdef"))
+        assert {k: v["response"] for k, v in answers.items()} == {
+            "a": "A \"quoted\" é\n", "b": "B", "c": "C", "d": "D", "e": "E", "f": "F"}
+        assert not list(directory.glob("*.jsonl"))
+    finally:
         ledger.dispose()

@@ -153,3 +153,26 @@ def test_a_retried_group_counts_its_retry_once():
     _, attempts = asyncio.run(send_all(delivery, ["a", "b", "c", "d"]))
     assert sum(max(0, a.count - 1) for a in attempts) == 1  # the engine's retries figure
     assert sum(a.sent for a in attempts) == 1 and all(a.count >= 1 for a in attempts)
+
+
+def test_send_many_answers_each_item_in_order_across_groups():
+    """A worker hands over several items at once: they fill groups as single sends do (a bad
+    one fails alone), and each gets its own reply, in the order given."""
+    async def scenario():
+        sender = FakeSender()
+        delivery = GroupingDelivery(sender, UpperTask(items_per_request=3))
+        assert delivery.items_per_send == 3
+        texts = ["a", "b", "bad", "d", "e"]
+        attempts = [Attempts() for _ in texts]
+        alone = asyncio.ensure_future(delivery.send(item("z"), Attempts()))
+        await asyncio.sleep(0)  # "z" is gathering first
+        results = await delivery.send_many([item(t) for t in texts], attempts)
+        return sender, results, attempts, await alone
+
+    sender, results, attempts, alone = asyncio.run(scenario())
+    assert alone.content == "Z"
+    assert [r.content for i, r in enumerate(results) if i != 2] == ["A", "B", "D", "E"]
+    assert isinstance(results[2], RowError) and results[2].error_type == ErrorType.BAD_REQUEST
+    assert sender.bodies[0] == ["z", "a", "b"]  # the single send's group, filled by the call
+    assert all(a.count >= 1 and a.endpoint == "fake" for a in attempts)
+    assert [a.spent for i, a in enumerate(attempts) if i != 2] == [1, 1, 1, 1]

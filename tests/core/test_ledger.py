@@ -1,0 +1,68 @@
+"""The ledger's writes on a real SQLite file: records as a run writes them (every field, sent
+to the driver as tuples) and records with fields left out (their defaults), the same rules."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from dagster_batchllm.core.ledger import Ledger
+
+
+def record(key: str, status: str, response: str | None = None, **fields) -> dict:
+    return {"request_key": key, "scope": "", "partition_key": "p", "model": "m",
+            "status": status, "response": response, "error": None, "error_type": None,
+            "prompt_tokens": 3, "completion_tokens": 1, "attempts": 1, "endpoint": "sim",
+            "latency_ms": 12.5, "run_id": "r1", **fields}
+
+
+def test_an_ok_record_is_never_overwritten_by_a_worse_status(tmp_path):
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        ledger.upsert([record("a", "ok", "first"), record("b", "failed")])
+        ledger.upsert([record("a", "failed"), record("b", "ok", "fixed"),
+                       record("c", "deferred")])
+        ledger.upsert([record("a", "ok", "again")])
+        rows = ledger.records().set_index("request_key")
+        assert rows.loc["a", "response"] == "again" and rows.loc["a", "status"] == "ok"
+        assert rows.loc["b", "status"] == "ok" and rows.loc["b", "response"] == "fixed"
+        assert rows.loc["c", "status"] == "deferred"
+        assert rows.loc["a", "latency_ms"] == 12.5 and rows.loc["a", "run_id"] == "r1"
+        assert (rows["created_at"] <= rows["updated_at"]).all()
+        assert set(ledger.lookup_ok(["a", "b", "c"], "p")) == {"a", "b"}
+    finally:
+        ledger.dispose()
+
+
+def test_a_record_without_some_fields_gets_their_defaults(tmp_path):
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        ledger.upsert([{"request_key": "k", "model": "m", "status": "ok", "response": "x"}])
+        (row,) = ledger.records().to_dict("records")
+        assert (row["scope"], row["partition_key"], row["attempts"]) == ("", "", 0)
+        assert ledger.lookup_ok(["k"])["k"]["response"] == "x"
+    finally:
+        ledger.dispose()
+
+
+def test_a_new_sqlite_ledger_uses_pages_that_hold_several_vectors(tmp_path):
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        with ledger.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA page_size").scalar() == 8192
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    finally:
+        ledger.dispose()
+    # An existing file keeps its pages (and its records).
+    other = tmp_path / "old.db"
+    engine = sa.create_engine(f"sqlite:///{other}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE unrelated (x INTEGER)")
+    engine.dispose()
+    ledger = Ledger(f"sqlite:///{other}")
+    try:
+        with ledger.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA page_size").scalar() == 4096
+        ledger.upsert([record("a", "ok", "v")])
+        assert set(ledger.lookup_ok(["a"], "p")) == {"a"}
+    finally:
+        ledger.dispose()
