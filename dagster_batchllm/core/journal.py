@@ -32,6 +32,7 @@ from .ledger import Ledger, redact_url
 
 _SUFFIX = ".jsonl"
 _FOLD_BATCH = 500
+_encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per line
 
 
 def journal_dir_for(ledger: Ledger) -> Path | None:
@@ -73,13 +74,12 @@ class AnswerJournal:
         reader takes the field names from that object line."""
         lines = []
         fields = self._fields
-        dumps = json.dumps
         for record in records:
             keys = tuple(record)
             if keys == fields:
-                lines.append(dumps(list(record.values()), separators=(",", ":")))
+                lines.append(_encode(list(record.values())))
             else:
-                lines.append(dumps(record, separators=(",", ":")))
+                lines.append(_encode(record))
                 fields = keys
         lines.append("")
         os.write(self._fd, "\n".join(lines).encode())
