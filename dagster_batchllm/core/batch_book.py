@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Iterable, Sequence
@@ -293,3 +294,26 @@ def counts_text(request_counts: str | dict | None) -> str:
         request_counts or {})
     return (f"{counts.get('completed', 0)}/{counts.get('total', 0)} lines answered, "
             f"{counts.get('failed', 0)} failed")
+
+
+_WAIT_NAME = re.compile(r"waiting for batch (?:\(file )?([A-Za-z0-9_\-]+)")
+
+
+def waiting_for_batches(ledger: Ledger, scope: str | None = None
+                        ) -> dict[str, dict[str, int]]:
+    """Deferred rows that wait for a batch, per partition: ``{partition: {batch: rows}}``
+    (the batch's provider id, or its submission id before the provider gave one)."""
+    t = ledger.table
+    query = (sa.select(t.c.partition_key, t.c.error, sa.func.count())
+             .where(t.c.status == "deferred", t.c.error.like("deferred: waiting for batch%"))
+             .group_by(t.c.partition_key, t.c.error))
+    if scope is not None:
+        query = query.where(t.c.scope == scope)
+    found: dict[str, dict[str, int]] = {}
+    with ledger.engine.connect() as conn:
+        for partition, error, rows in conn.execute(query):
+            match = _WAIT_NAME.search(error or "")
+            if match:
+                names = found.setdefault(partition, {})
+                names[match.group(1)] = names.get(match.group(1), 0) + int(rows)
+    return found

@@ -42,13 +42,18 @@ class BatchCollector:
         self.book = book
         self.protocols = protocols
         self.log = log or logging.getLogger("dagster_batchllm")
+        self._collecting = True
 
     async def refresh(self, only: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """Poll, recover and collect the unfinished batches (all, or the submission ids
         ``only``); their rows as they are now, collected ones included."""
         return await asyncio.to_thread(self.refresh_blocking, only)
 
-    def refresh_blocking(self, only: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    def refresh_blocking(self, only: Iterable[str] | None = None, *,
+                         collect: bool = True) -> list[dict[str, Any]]:
+        """``collect=False`` (a sensor): poll and record the statuses only; the run that the
+        sensor launches collects."""
+        self._collecting = collect
         wanted = set(only) if only is not None else None
         rows = []
         for row in self.book.unfinished(self.protocols):
@@ -84,9 +89,11 @@ class BatchCollector:
                 return {**row, "status": SUBMIT_FAILED, "lines": 0}
             self.book.update_batch(sub, batch_id=batch_id, status="validating")
             row = {**row, "batch_id": batch_id, "status": "validating"}
+        if row["status"] in ENDED and not self._collecting:
+            return row
         if row["status"] == COLLECTING:
-            if owner_alive(row["owner"], row["updated_at"]) or not self.book.claim(
-                    sub, COLLECTING, COLLECTING):
+            if (not self._collecting or owner_alive(row["owner"], row["updated_at"])
+                    or not self.book.claim(sub, COLLECTING, COLLECTING)):
                 return row
             status = protocol.poll(row["batch_id"])  # its collector died: collect it again
             return self._collect(row, status)
@@ -94,6 +101,11 @@ class BatchCollector:
         counts = json.dumps(status.request_counts)
         if not status.ended:
             if status.status != row["status"] or counts != row["request_counts"]:
+                self.book.update_batch(sub, expect_status=row["status"], status=status.status,
+                                       request_counts=counts)
+            return {**row, "status": status.status, "request_counts": counts}
+        if not self._collecting:
+            if status.status != row["status"]:
                 self.book.update_batch(sub, expect_status=row["status"], status=status.status,
                                        request_counts=counts)
             return {**row, "status": status.status, "request_counts": counts}

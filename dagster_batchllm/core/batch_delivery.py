@@ -121,6 +121,10 @@ class _Spool:
 class BatchDelivery:
     """A :class:`~.delivery.Delivery` that submits requests as offline batch lines."""
 
+    #: Its answers are in the batch book before the engine sees them: a run killed before
+    #: writing them to the ledger loses none, so the run keeps no journal of its own.
+    keeps_answers = True
+
     def __init__(self, settings: InferenceSettings, book: BatchBook,
                  protocols: dict[str, BatchProtocol], *, route: str, parse: ReplyParser,
                  budget: TokenBudget | None, scope: str, partition_key: str,
