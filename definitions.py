@@ -7,9 +7,18 @@ import os
 import dagster as dg
 
 from assets.partitions import daily_partitions
-from assets.pipeline import classified_transcripts, pipeline_assets, transcript_summaries
+from assets.pipeline import (
+    BATCH_MODE,
+    classified_transcripts,
+    pipeline_assets,
+    transcript_summaries,
+)
 from assets.sql_pipeline import sql_assets
-from dagster_batchllm import build_new_data_sensor, build_retry_partitions_sensor
+from dagster_batchllm import (
+    build_batch_collect_sensor,
+    build_new_data_sensor,
+    build_retry_partitions_sensor,
+)
 from resources import build_resources, describe_llm
 from resources.warehouse import PARTITION_COLUMN, SOURCE_TABLE
 
@@ -64,6 +73,14 @@ new_calls = build_new_data_sensor(
     cursor_column="ingest_id", partition_column=PARTITION_COLUMN,
 )
 
+# With BATCHLLM_BATCH_API=1 BATCHLLM_BATCH_WAIT=0 a run ends once its batches are submitted;
+# this sensor runs the day again (summaries and classifications) when they end.
+batch_sensors = [] if BATCH_MODE.get("wait", True) else [
+    build_batch_collect_sensor(transcript_summaries, resource=llm,
+                               also_materialize=[classified_transcripts]),
+    build_batch_collect_sensor(classified_transcripts, resource=llm),
+]
+
 extra_assets: list = []
 if os.environ.get("BATCHLLM_ENABLE_SPARK", "").lower() in ("1", "true", "yes"):
     # The Spark variant of the summaries (ai_query in Spark SQL over Parquet). Opt-in: it needs
@@ -83,6 +100,6 @@ defs = dg.Definitions(
     assets=[*pipeline_assets, *sql_assets, *extra_assets],
     jobs=[call_center_job],
     schedules=[daily_schedule],
-    sensors=[retry_summaries, retry_classifications, new_calls],
+    sensors=[retry_summaries, retry_classifications, new_calls, *batch_sensors],
     resources=resources,
 )
