@@ -110,11 +110,13 @@ def _tables(ledger_table: str) -> tuple[sa.Table, sa.Table]:
         sa.Column("ended_at", sa.Float),
         sa.Index(f"ix_{table}_batches_status", "status"),
     )
+    # One line per (key, attempt): two runs that both try to submit a key's next attempt
+    # cannot both succeed, on SQLite or PostgreSQL, so neither needs a lock or a claim.
     lines = sa.Table(
         f"{table}_batch_lines", metadata,
         sa.Column("request_key", sa.String(64), primary_key=True),
-        sa.Column("submission_id", sa.String(40), primary_key=True),
-        sa.Column("attempt", sa.Integer, nullable=False),
+        sa.Column("attempt", sa.Integer, primary_key=True),
+        sa.Column("submission_id", sa.String(40), nullable=False),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("response", sa.Text),
         sa.Column("prompt_tokens", sa.Integer, nullable=False, default=0),
@@ -122,18 +124,40 @@ def _tables(ledger_table: str) -> tuple[sa.Table, sa.Table]:
         sa.Column("error", sa.Text),
         sa.Column("error_type", sa.String(64)),
         sa.Column("retryable", sa.Boolean, nullable=False, default=False),
-        sa.Index(f"ix_{table}_batch_lines_sub_state", "submission_id", "state"),
+        # (submission, key) and not (submission, state): with the latter SQLite answers
+        # "WHERE request_key = ? AND submission_id = ?" by scanning the batch's lines.
+        sa.Index(f"ix_{table}_batch_lines_sub_key", "submission_id", "request_key"),
     )
     return batches, lines
 
 
 class BatchBook:
-    """The two tables, on the ledger's engine."""
+    """The two tables, on the ledger's engine. The per-line statements (a row's insert,
+    lookup and settling, 100,000s a call) are plain SQL through the driver: SQLAlchemy's
+    per-row parameter processing would cost more than the rest of the line's work."""
 
     def __init__(self, ledger: Ledger):
         self.engine = ledger.engine
         self.batches, self.lines = _tables(
             f"{ledger.table.schema + '.' if ledger.table.schema else ''}{ledger.table.name}")
+        mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
+        lines, batches = _quoted(self.engine, self.lines), _quoted(self.engine, self.batches)
+        self._insert_line = (
+            f"INSERT INTO {lines} (request_key, attempt, submission_id, state, prompt_tokens, "
+            f"completion_tokens, retryable) VALUES ({mark}, {mark}, {mark}, '{PENDING}', 0, 0, "
+            f"{'0' if mark == '?' else 'false'}) ON CONFLICT DO NOTHING")
+        self._settle_line = (
+            f"UPDATE {lines} SET state = {mark}, response = {mark}, error = {mark}, "
+            f"error_type = {mark}, retryable = {mark} WHERE request_key = {mark} AND "
+            f"submission_id = {mark}")
+        self._mark = mark
+        self._latest = (
+            f"SELECT l.request_key, l.submission_id, l.attempt, l.state, l.response, "
+            f"l.prompt_tokens, l.completion_tokens, l.error, l.error_type, l.retryable, "
+            f"b.batch_id, b.status, b.created_at, b.ended_at FROM {lines} l JOIN {batches} b "
+            f"ON b.submission_id = l.submission_id WHERE l.request_key IN ")
+        self._ours = (f"SELECT request_key FROM {lines} WHERE submission_id = {mark} "
+                      "AND request_key IN ")
         try:
             self.batches.metadata.create_all(self.engine, checkfirst=True)
         except sa.exc.DatabaseError:  # created by another process meanwhile
@@ -141,32 +165,35 @@ class BatchBook:
                 raise
 
     # -- submitting --------------------------------------------------------------------------
-    def record_submission(self, row: dict[str, Any], keys: Sequence[tuple[str, int]]) -> None:
-        """The batch (status ``submitting``) and its keys with their attempt numbers, in one
-        transaction, before anything is uploaded."""
+    def record_submission(self, row: dict[str, Any]) -> None:
+        """A batch being written (status ``submitting``), before any of its keys; they follow
+        with :meth:`add_lines`, and the file is uploaded after the last of them."""
         now = time.time()
         with self.engine.begin() as conn:
             conn.execute(self.batches.insert().values(
                 **row, status=SUBMITTING, owner=owner_id(), created_at=now, updated_at=now))
-            for start in range(0, len(keys), 5000):
-                conn.execute(self.lines.insert(), [
-                    {"request_key": key, "submission_id": row["submission_id"],
-                     "attempt": attempt, "state": PENDING, "prompt_tokens": 0,
-                     "completion_tokens": 0, "retryable": False}
-                    for key, attempt in keys[start:start + 5000]])
 
-    def add_lines(self, submission_id: str, keys: Sequence[tuple[str, int]]) -> None:
-        """Keys (with their attempt numbers) of a batch being written."""
+    def add_lines(self, submission_id: str, keys: Sequence[tuple[str, int]]) -> set[str]:
+        """Record keys (with their attempt numbers) in a batch being written; the keys whose
+        attempt another run recorded first are left out. Returns the keys recorded here."""
         if not keys:
-            return
+            return set()
+        mark = self._mark
         with self.engine.begin() as conn:
-            conn.execute(self.lines.insert(), [
-                {"request_key": key, "submission_id": submission_id, "attempt": attempt,
-                 "state": PENDING, "prompt_tokens": 0, "completion_tokens": 0,
-                 "retryable": False} for key, attempt in keys])
+            inserted = conn.exec_driver_sql(
+                self._insert_line, [(key, attempt, submission_id) for key, attempt in keys])
+            ours: set[str] = set()
+            if inserted.rowcount == len(keys):  # the usual case: no other run had any of them
+                ours.update(key for key, _ in keys)
+            for start in range(0, len(keys) if not ours else 0, _CHUNK):
+                chunk = [key for key, _ in keys[start:start + _CHUNK]]
+                ours.update(k for (k,) in conn.exec_driver_sql(
+                    self._ours + f"({', '.join([mark] * len(chunk))})",
+                    (submission_id, *chunk)))
             conn.execute(self.batches.update()
                          .where(self.batches.c.submission_id == submission_id)
                          .values(updated_at=time.time()))
+        return ours
 
     def update_batch(self, submission_id: str, *, expect_status: str | None = None,
                      **values: Any) -> bool:
@@ -207,19 +234,10 @@ class BatchBook:
         ``error_type``, ``retryable``) of one batch."""
         if not outcomes:
             return
-        t = self.lines
-        stmt = (t.update()
-                .where(t.c.submission_id == sa.bindparam("b_submission"),
-                       t.c.request_key == sa.bindparam("b_key"))
-                .values(state=sa.bindparam("state"), response=sa.bindparam("response"),
-                        prompt_tokens=sa.bindparam("prompt_tokens"),
-                        completion_tokens=sa.bindparam("completion_tokens"),
-                        error=sa.bindparam("error"), error_type=sa.bindparam("error_type"),
-                        retryable=sa.bindparam("retryable")))
         with self.engine.begin() as conn:
-            conn.execute(stmt, [{"b_submission": submission_id, "b_key": o["request_key"],
-                                 **{k: v for k, v in o.items() if k != "request_key"}}
-                                for o in outcomes])
+            conn.exec_driver_sql(self._settle_line, [
+                (o["state"], o["response"], o["error"], o["error_type"], o["retryable"],
+                 o["request_key"], submission_id) for o in outcomes])
 
     def mark_missing(self, submission_id: str, error: str, error_type: str) -> int:
         """Lines the ended batch answered neither way: a next batch may submit them again."""
@@ -260,25 +278,23 @@ class BatchBook:
 
     def latest_lines(self, keys: Sequence[str]) -> dict[str, LineState]:
         """Each key's latest line (highest attempt), with its batch's id and status."""
-        t, b = self.lines, self.batches
         found: dict[str, LineState] = {}
+        mark = self._mark
         with self.engine.connect() as conn:
             for start in range(0, len(keys), _CHUNK):
-                rows = conn.execute(
-                    sa.select(t.c.request_key, t.c.submission_id, t.c.attempt, t.c.state,
-                              t.c.response, t.c.prompt_tokens, t.c.completion_tokens,
-                              t.c.error, t.c.error_type, t.c.retryable, b.c.batch_id,
-                              b.c.status, b.c.created_at, b.c.ended_at)
-                    .join(b, b.c.submission_id == t.c.submission_id)
-                    .where(t.c.request_key.in_(keys[start:start + _CHUNK])))
-                for r in rows:
-                    held = found.get(r.request_key)
-                    if held is not None and held.attempt >= r.attempt:
+                chunk = keys[start:start + _CHUNK]
+                rows = conn.exec_driver_sql(
+                    self._latest + f"({', '.join([mark] * len(chunk))})", tuple(chunk))
+                for (key, sub, attempt, state, response, prompt_tokens, completion_tokens,
+                     error, error_type, retryable, batch_id, status, created_at,
+                     ended_at) in rows:
+                    held = found.get(key)
+                    if held is not None and held.attempt >= attempt:
                         continue
-                    found[r.request_key] = LineState(
-                        r.submission_id, r.batch_id, r.status, r.attempt, r.state, r.response,
-                        r.prompt_tokens, r.completion_tokens, r.error, r.error_type,
-                        bool(r.retryable), max(0.0, (r.ended_at or r.created_at) - r.created_at))
+                    found[key] = LineState(
+                        sub, batch_id, status, attempt, state, response, prompt_tokens,
+                        completion_tokens, error, error_type, bool(retryable),
+                        max(0.0, (ended_at or created_at) - created_at))
         return found
 
     def line_counts(self, submission_id: str) -> dict[str, int]:
@@ -287,6 +303,12 @@ class BatchBook:
             return dict(conn.execute(
                 sa.select(t.c.state, sa.func.count()).where(t.c.submission_id == submission_id)
                 .group_by(t.c.state)).all())
+
+
+def _quoted(engine: sa.Engine, table: sa.Table) -> str:
+    preparer = engine.dialect.identifier_preparer
+    name = preparer.quote(table.name)
+    return f"{preparer.quote_schema(table.schema)}.{name}" if table.schema else name
 
 
 def counts_text(request_counts: str | dict | None) -> str:

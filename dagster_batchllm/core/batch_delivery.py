@@ -42,7 +42,7 @@ from .transport import Completion, ReplyParser
 #: Rows deferred into a file not yet submitted say this, then the submission id; once the batch
 #: is created the message is rewritten to name the provider's batch id.
 NOT_YET_SUBMITTED = "waiting for batch (file "
-_GATHER = 500  # keys per book query
+_GATHER = 2000  # keys per book transaction (a lookup queries them 500 at a time)
 _UPLOADS_AT_ONCE = 2
 
 
@@ -113,8 +113,10 @@ class _Spool:
         self.model = model
         self.path = directory / f"{self.submission_id}.jsonl"
         self.handle = open(self.path, "wb", buffering=1 << 20)  # noqa: SIM115 - closed at cut
-        self.lines = 0
+        self.lines = 0  # lines given a place (cut at the endpoint's limits)
         self.bytes = 0
+        self.written = 0  # lines in the file (keys the book recorded for this batch)
+        self.written_bytes = 0
         self.recorded = False
 
 
@@ -154,8 +156,8 @@ class BatchDelivery:
     # -- the Delivery interface --------------------------------------------------------------
     def capacity(self) -> int:
         # Sending is a lookup and a line written to a file: enough workers that the gathered
-        # book queries are full.
-        return 1024
+        # book transactions are full.
+        return _GATHER
 
     def endpoint_for(self, model: str) -> EndpointSpec | None:
         return self.settings.batch_endpoint_for(model)
@@ -216,39 +218,51 @@ class BatchDelivery:
                     f"this request may need {request.reserve_tokens}; a later call will "
                     "submit it")
             budget.settle(request.reserve_tokens, request.reserve_tokens)  # reserved for good
-        spool = self._spool_for(request, endpoint)
         data = self.protocols[endpoint.name].line(request.key, self.route, request.body)
-        spool.handle.write(data)
-        spool.lines += 1
+        spool = self._spool_for(len(data), request.model, endpoint)
+        spool.lines += 1  # its place in the file, kept until the book says it is ours
         spool.bytes += len(data)
-        self.lines_submitted += 1
-        attempts.sent = 1
         if spool.lines >= endpoint.max_requests_per_batch:
             self._cut(spool, endpoint)
+        # The key goes in the book first and its line into the file only then (both on the
+        # book's thread, in order): from then on a rerun or another run finds the key in this
+        # batch and does not submit it again. If another run recorded this attempt of the key
+        # first, its batch is the one to wait for.
+        if not await self._notes.submit((spool, request.key, attempt, data)):
+            if budget is not None:
+                budget.spent -= request.reserve_tokens
+            line = await self._lookups.submit(request.key)
+            name = line.batch_name if line is not None else "of another run"
+            if line is not None:
+                self.waiting.add(line.submission_id)
+            raise DeferredError(f"waiting for batch {name}, which another run submitted; a "
+                                "later run collects its answers, nothing is submitted again")
+        self.lines_submitted += 1
+        attempts.sent = 1
         self.waiting.add(spool.submission_id)
-        # In the book before the row is reported deferred: from then on a rerun or another
-        # run finds the key in this batch and does not submit it again.
-        await self._notes.submit((spool, request.key, attempt))
         raise DeferredError(f"{NOT_YET_SUBMITTED}{spool.submission_id}); a later run "
                             "collects its answers, nothing is submitted again")
 
     # -- files -------------------------------------------------------------------------------
-    def _spool_for(self, request: RowRequest, endpoint: EndpointSpec) -> _Spool:
-        spool = self._spools.get(request.model)
-        room = endpoint.max_bytes_per_batch
-        if spool is not None and spool.bytes + len(request.body) + 200 > room and spool.lines:
+    def _spool_for(self, size: int, model: str, endpoint: EndpointSpec) -> _Spool:
+        spool = self._spools.get(model)
+        if spool is not None and spool.lines and (
+                spool.bytes + size > endpoint.max_bytes_per_batch):
             self._cut(spool, endpoint)
             spool = None
         if spool is None:
             assert self._directory is not None
-            spool = self._spools[request.model] = _Spool(self._directory, request.model)
+            spool = self._spools[model] = _Spool(self._directory, model)
         return spool
 
-    def _note_lines(self, notes: list[tuple[_Spool, str, int]]) -> None:
-        """Record keys in the book (on a thread): each spool's batch row first."""
+    def _note_lines(self, notes: list[tuple[_Spool, str, int, bytes]]
+                    ) -> dict[tuple[_Spool, str, int, bytes], bool]:
+        """On the book's thread: record the keys (each spool's batch row first), then write
+        the lines of the keys recorded here to their files."""
         by_spool: dict[_Spool, list[tuple[str, int]]] = {}
-        for spool, key, attempt in notes:
+        for spool, key, attempt, _data in notes:
             by_spool.setdefault(spool, []).append((key, attempt))
+        ours: dict[_Spool, set[str]] = {}
         for spool, keys in by_spool.items():
             if not spool.recorded:
                 endpoint = self.endpoint_for(spool.model)
@@ -257,21 +271,34 @@ class BatchDelivery:
                     "provider": self.protocols[endpoint.name].provider,
                     "endpoint": endpoint.name, "model": spool.model, "route": self.route,
                     "lines": 0, "bytes": 0, "scope": self.scope,
-                    "partition_key": self.partition_key, "run_id": self.run_id}, [])
+                    "partition_key": self.partition_key, "run_id": self.run_id})
                 spool.recorded = True
-            self.book.add_lines(spool.submission_id, keys)
-        return None
+            ours[spool] = self.book.add_lines(spool.submission_id, keys)
+        recorded = {}
+        for note in notes:
+            spool, key, _attempt, data = note
+            mine = recorded[note] = key in ours[spool]
+            if mine:
+                spool.handle.write(data)
+                spool.written += 1
+                spool.written_bytes += len(data)
+        return recorded
 
     def _cut(self, spool: _Spool, endpoint: EndpointSpec) -> None:
         if self._spools.get(spool.model) is spool:
             del self._spools[spool.model]
-        spool.handle.close()
         task = asyncio.get_running_loop().create_task(self._submit(spool, endpoint))
         self._uploads.add(task)
         task.add_done_callback(self._uploads.discard)
 
     async def _submit(self, spool: _Spool, endpoint: EndpointSpec) -> None:
-        await self._notes.drain()  # every key of the file is in the book before the upload
+        await self._notes.drain()  # every key of the file is in the book, its line written
+        spool.handle.close()
+        if not spool.written:  # every key was another run's already
+            if spool.recorded:
+                await asyncio.to_thread(self.book.forget_submission, spool.submission_id)
+            spool.path.unlink(missing_ok=True)
+            return
         async with self._upload_slots:
             # All on one thread call: a stop that cancels this task cannot leave the book
             # saying "submitting" for a batch that was in fact created.
@@ -281,7 +308,8 @@ class BatchDelivery:
     def _submit_blocking(self, spool: _Spool, endpoint: EndpointSpec) -> str | None:
         protocol = self.protocols[endpoint.name]
         sub = spool.submission_id
-        self.book.update_batch(sub, lines=spool.lines, bytes=spool.bytes, owner=owner_id())
+        self.book.update_batch(sub, lines=spool.written, bytes=spool.written_bytes,
+                               owner=owner_id())
         try:
             batch_id, file_id = protocol.submit(
                 spool.path, route=self.route, submission_id=sub,
@@ -293,7 +321,7 @@ class BatchDelivery:
             except Exception:
                 batch_id = None
             if batch_id is None:
-                self.log.warning(f"batchllm: submitting batch file {sub} ({spool.lines} lines) "
+                self.log.warning(f"batchllm: submitting batch file {sub} ({spool.written} lines) "
                                  f"to '{endpoint.name}' failed: {error.as_cell()}")
                 self.book.update_batch(sub, status=SUBMIT_FAILED, errors=error.as_cell())
                 self.book.fail_lines(sub, error.message, error.error_type.value,
@@ -304,7 +332,8 @@ class BatchDelivery:
         self.book.update_batch(sub, batch_id=batch_id, input_file_id=file_id,
                                status="validating")
         self.log.info(f"batchllm: submitted batch {batch_id} to '{endpoint.name}': "
-                      f"{spool.lines} lines, {spool.bytes / 1e6:.1f} MB (model {spool.model})")
+                      f"{spool.written} lines, {spool.written_bytes / 1e6:.1f} MB (model "
+                      f"{spool.model})")
         return batch_id
 
     async def submit_open_files(self) -> None:
@@ -319,6 +348,7 @@ class BatchDelivery:
         """After a stop: files not cut are dropped, and their keys forgotten, so a rerun
         submits them (nothing of them reached the provider)."""
         spools, self._spools = list(self._spools.values()), {}
+        await self._notes.drain()
         for spool in spools:
             spool.handle.close()
             if spool.recorded:

@@ -42,7 +42,7 @@ from .tasks import ChatTask
 MODES = ("online", "batch_api")
 # Ledger writes of a batch pass come thousands a second (no network in between): written in
 # larger batches than online's, which bound what a crash loses of answers arriving one by one.
-_PASS_FLUSH_ROWS = 2048
+_PASS_FLUSH_ROWS = 8192
 _WAITING = "waiting for batch"
 
 
@@ -77,8 +77,11 @@ class BatchModeCall:
         self.book = BatchBook(client.ledger)
         self.protocols = {e.name: protocol_for(e) for e in settings.endpoints if e.batch_api}
         self.collector = BatchCollector(self.book, self.protocols, log=logger)
+        # No claims between runs: the book's (key, attempt) uniqueness keeps two runs from
+        # submitting a key both, and nothing of a pass uses an endpoint's online limits.
         self.pass_settings = settings.replace(
-            ledger_flush_rows=max(settings.ledger_flush_rows, _PASS_FLUSH_ROWS))
+            ledger_flush_rows=max(settings.ledger_flush_rows, _PASS_FLUSH_ROWS),
+            coordinate_runs=False)
 
     async def run(self) -> _Merged:
         merged: _Merged | None = None

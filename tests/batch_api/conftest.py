@@ -33,7 +33,8 @@ def quick():
 def make_client(store_url):
     clients = []
 
-    def build(sim: SimulatedEndpoint, **overrides) -> InferenceClient:
+    def build(sim: SimulatedEndpoint, store_url: str = store_url, **overrides
+              ) -> InferenceClient:
         client = InferenceClient(batch_settings(sim, store_url, **overrides))
         clients.append(client)
         return client

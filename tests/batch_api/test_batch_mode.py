@@ -210,3 +210,29 @@ def test_bad_rows_fail_alone_before_submission(quick, make_client):
     assert result.error_types.tolist() == [None, "invalid_input", "invalid_input", None]
     assert batch_stats(quick)["lines_answered"] == 2
     assert book_of(client).all_batches()[0]["lines"] == 2
+
+
+def test_the_batch_book_works_on_postgresql(quick, make_client):
+    """The book's per-line statements are plain SQL: PostgreSQL's placeholders and booleans."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    url = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+    try:
+        sa.create_engine(url).connect().close()
+    except Exception as exc:  # pragma: no cover - the project's machines run PostgreSQL
+        pytest.skip(f"no PostgreSQL at {url}: {exc}")
+    table = f"batch_test_{uuid.uuid4().hex[:8]}"
+    client = make_client(quick, store_url=url, ledger_table=table)
+    quick.script_batch_lines(*(["ok"] * 9 + [500]))
+    try:
+        result = infer(client, frame(30), wait=True)
+        assert result.stats.succeeded == 30
+        assert batch_stats(quick)["batches_created"] == 2
+        again = infer(client, frame(30), wait=True)
+        assert again.stats.cached == 30
+    finally:
+        with client.ledger.engine.begin() as conn:
+            for name in (f"{table}_batch_lines", f"{table}_batches", f"{table}_claims", table):
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")

@@ -101,7 +101,7 @@ def test_a_submission_its_run_never_created_is_forgotten_and_submitted(tmp_path,
     book.record_submission({"submission_id": "bllm-dead", "provider": "openai",
                             "endpoint": "openai", "model": MODEL,
                             "route": "/chat/completions", "lines": 0, "bytes": 0,
-                            "scope": "", "partition_key": "", "run_id": None}, [])
+                            "scope": "", "partition_key": "", "run_id": None})
     df = frame(5)
     from dagster_batchllm.core.call import InferenceCall
     from dagster_batchllm.core.prompts import iter_row_requests, row_tuples
