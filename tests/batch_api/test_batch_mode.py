@@ -236,3 +236,36 @@ def test_the_batch_book_works_on_postgresql(quick, make_client):
         with client.ledger.engine.begin() as conn:
             for name in (f"{table}_batch_lines", f"{table}_batches", f"{table}_claims", table):
                 conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
+
+
+def test_a_batch_the_provider_fails_fails_its_rows_with_the_reason(quick, make_client):
+    quick.configure(batch_max_lines=5)  # validation refuses a 10-line file
+    client = make_client(quick)
+    result = infer(client, frame(10), wait=True)
+    assert result.stats.failed == 10 and set(result.error_types) == {"bad_request"}
+    error = result.df["summary_error"].iloc[0]
+    assert "failed: too_many_requests" in error and "at most 5 are allowed" in error
+    assert batch_stats(quick)["batches_created"] == 1  # not submitted again: it cannot pass
+
+
+def test_a_cancelled_batch_keeps_its_answers_and_the_rest_is_submitted_again(held,
+                                                                             make_client):
+    from dagster_batchllm.testing import openai_client
+
+    client = make_client(held)
+    df = frame(10)
+    infer(client, df, wait=False)
+    batch_id = held.batches()[0]["id"]
+    held.advance_batches()
+    held.advance_batches(lines=3)
+    openai_client(held, api_key="sk-batch").batches.cancel(batch_id)
+    held.advance_batches()  # cancelling -> cancelled
+    assert held.batches()[0]["status"] == "cancelled"
+
+    again = infer(client, df, wait=False)
+    assert again.stats.succeeded == 3 and again.stats.deferred == 7
+    held.complete_batches()
+    done = infer(client, df, wait=False)
+    assert done.stats.succeeded == 10
+    assert batch_stats(held)["batches_created"] == 2
+    assert batch_stats(held)["line_duplicates"] == 0
