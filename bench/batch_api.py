@@ -87,6 +87,7 @@ def measure(kind: str, base_url: str, rows: int, store: str) -> dict:
                              mode="batch_api", wait=False)
         submit_s = _cpu() - start
         assert first.stats.deferred == rows, first.stats.summary()
+        del first  # a later run's process would not hold the first run's table
         _wait_for_batches(base_url)
         start = _cpu()
         second = client.infer(df, prompt=PROMPT, model=MODEL, output_column="summary",
@@ -170,12 +171,14 @@ def run_one(kind: str, rows: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--kinds", default="batch_api,online,plain,floor",
+                        help="comma-separated: batch_api, online, plain, floor")
     args = parser.parse_args()
     sizes = (5_000, 10_000, 20_000) if args.quick else (30_000, 60_000, 120_000)
     print(f"{'rows':>8} {'kind':>12} {'CPU ms/row':>11} {'submit':>8} {'collect':>8} "
           f"{'RSS MiB':>8} {'growth':>7}")
     for rows in sizes:
-        for kind in ("batch_api", "online", "plain", "floor"):
+        for kind in args.kinds.split(","):
             m = run_one(kind, rows)
             per_row = 1000 * m["cpu_s"] / rows
             submit = f"{1000 * m['submit_s'] / rows:8.4f}" if "submit_s" in m else f"{'':8}"

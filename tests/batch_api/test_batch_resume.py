@@ -118,3 +118,23 @@ def test_a_submission_its_run_never_created_is_forgotten_and_submitted(tmp_path,
     assert result.stats.succeeded == 5
     assert [b["submission_id"] for b in book.all_batches()] != ["bllm-dead"]
     assert batch_stats(held)["batches_created"] == 1
+
+
+def test_a_collection_whose_run_died_is_taken_over(held, make_client):
+    """A run killed while streaming an ended batch's files into the book (status collecting):
+    the next run collects the batch again, and every row is answered once."""
+    client = make_client(held)
+    df = frame(40)
+    client.infer(df, prompt=PROMPT, model=MODEL, output_column="summary", mode="batch_api",
+                 wait=False)
+    held.complete_batches()
+    book = book_of(client)
+    (batch,) = book.all_batches()
+    with client.ledger.engine.begin() as conn:  # collecting, by a process long gone
+        conn.execute(book.batches.update().values(status="collecting", owner="elsewhere:1",
+                                                  updated_at=0.0))
+    result = client.infer(df, prompt=PROMPT, model=MODEL, output_column="summary",
+                          mode="batch_api", wait=False)
+    assert result.stats.succeeded == 40 and result.stats.requests == 0
+    assert book.batch(batch["submission_id"])["status"] == "collected"
+    assert batch_stats(held)["batches_created"] == 1
