@@ -79,6 +79,7 @@ class BatchModeCall:
         self.collector = BatchCollector(self.book, self.protocols, log=logger)
         # No claims between runs: the book's (key, attempt) uniqueness keeps two runs from
         # submitting a key both, and nothing of a pass uses an endpoint's online limits.
+        self._refused = 0  # passes in a row whose submissions all failed
         self.pass_settings = settings.replace(
             ledger_flush_rows=max(settings.ledger_flush_rows, _PASS_FLUSH_ROWS),
             coordinate_runs=False)
@@ -150,6 +151,15 @@ class BatchModeCall:
             rows = await self.collector.refresh(only=submissions)
             pending = [r for r in rows if r["status"] not in ("collected", "submit_failed")]
             if not pending:
+                if rows and all(r["status"] == "submit_failed" for r in rows):
+                    # Nothing reached the provider (it refused or could not be reached): the
+                    # next pass submits again, after a pause that grows with each such pass.
+                    self._refused += 1
+                    pause = min(self.settings.batch_poll_max_s,
+                                self.settings.batch_poll_initial_s * 2 ** self._refused)
+                    self.log.warning(f"batchllm: no batch could be submitted; trying again in "
+                                     f"{pause:.0f} s (within max_attempts)")
+                    await asyncio.sleep(pause)
                 return
             self.log.info(f"batchllm: {progress_line(rows)}; next poll in {delay:.0f} s")
             await asyncio.sleep(delay)

@@ -269,3 +269,25 @@ def test_a_cancelled_batch_keeps_its_answers_and_the_rest_is_submitted_again(hel
     assert done.stats.succeeded == 10
     assert batch_stats(held)["batches_created"] == 2
     assert batch_stats(held)["line_duplicates"] == 0
+
+
+def test_an_unreachable_batch_endpoint_fails_the_rows_after_max_attempts(store_url):
+    import socket
+
+    from batch_helpers import batch_settings
+
+    from dagster_batchllm.core.client import InferenceClient
+
+    with socket.socket() as probe:  # a port with nothing listening
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    class Nowhere:
+        base_url = f"http://127.0.0.1:{port}/v1"
+        settings = type("S", (), {"api_key": "k"})
+
+    with InferenceClient(batch_settings(Nowhere, store_url, max_attempts=2)) as client:
+        result = infer(client, frame(5), wait=True)
+    assert result.stats.failed == 5 and set(result.error_types) == {"connection_error"}
+    error = result.df["summary_error"].iloc[0]
+    assert "cannot connect to 'openai'" in error and "after 2 batch submissions" in error

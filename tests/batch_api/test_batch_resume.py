@@ -138,3 +138,34 @@ def test_a_collection_whose_run_died_is_taken_over(held, make_client):
     assert result.stats.succeeded == 40 and result.stats.requests == 0
     assert book.batch(batch["submission_id"])["status"] == "collected"
     assert batch_stats(held)["batches_created"] == 1
+
+
+def test_a_run_stopped_while_it_waits_leaves_its_batches_for_the_rerun(held, make_client):
+    """Cancelling ainfer() (what Terminate, SIGTERM and Ctrl-C do) while it polls: it stops at
+    once; the batches it submitted stay in the book, and the rerun collects them."""
+    import asyncio
+
+    client = make_client(held)
+    df = frame(30)
+
+    async def stop_while_waiting() -> None:
+        task = asyncio.create_task(client.ainfer(
+            df, prompt=PROMPT, model=MODEL, output_column="summary", mode="batch_api",
+            wait=True))
+        while not (book_of(client).all_batches() and all(
+                b["batch_id"] for b in book_of(client).all_batches())):
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)  # polling now
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return
+        raise AssertionError("the run did not stop")
+
+    asyncio.run(stop_while_waiting())
+    assert batch_stats(held)["batches_created"] == 1
+    held.complete_batches()
+    result = client.infer(df, prompt=PROMPT, model=MODEL, output_column="summary",
+                          mode="batch_api", wait=True)
+    assert result.stats.succeeded == 30 and batch_stats(held)["batches_created"] == 1
