@@ -35,6 +35,8 @@ _LAZY = {
     "BatchLLMError": "dagster_batchllm.core.errors",
     "InferenceConfigError": "dagster_batchllm.core.errors",
     "ErrorType": "dagster_batchllm.core.errors",
+    "build_embedding_asset": "dagster_batchllm.embedding_asset",
+    "EmbedCall": "dagster_batchllm.core.embed_call",
 }
 
 __all__ = [
@@ -58,16 +60,20 @@ __all__ = [
     "stats_metadata",
     "ManagedEndpoint",
     "ModelPrice",
+    "EmbedCall",
+    "build_embedding_asset",
 ]
 
 if TYPE_CHECKING:
     from .asset_factory import build_inference_asset
     from .components.inference import BatchInferenceComponent
     from .core.client import InferenceClient
+    from .core.embed_call import EmbedCall
     from .core.errors import BatchLLMError, ErrorType, InferenceConfigError
     from .core.ledger import Ledger
     from .core.results import InferenceEstimate, InferenceResult, InferenceStats
     from .core.settings import EndpointSpec, InferenceSettings
+    from .embedding_asset import build_embedding_asset
     from .metadata import stats_metadata
     from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, ModelPrice
     from .sensors.batches import build_batch_collect_sensor

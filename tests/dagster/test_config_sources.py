@@ -39,9 +39,12 @@ def _spec_default(spec_field: dataclasses.Field):
 
 
 def _config_default(config_field):
+    """As the spec holds it: config lists are the specs' tuples."""
     if config_field.default_factory is not None:
-        return config_field.default_factory()
-    return config_field.default
+        value = config_field.default_factory()
+    else:
+        value = config_field.default
+    return tuple(value) if isinstance(value, list) else value
 
 
 @pytest.mark.parametrize(("config_class", "spec", "config_only", "spec_only"), PAIRS)
@@ -80,13 +83,13 @@ def test_to_settings_and_to_spec_copy_every_field(tmp_path):
     endpoint = Endpoint(name="gpu-a", base_url="http://127.0.0.1:9/v1", models=["m1", "m2"],
                         max_concurrency=3, api_key="k", tokens_per_minute=100,
                         requests_per_minute=10, rate_limit_window_s=5.0,
-                        max_context_tokens=2048, batch_api=True, max_requests_per_batch=10,
-                        max_bytes_per_batch=4096)
+                        max_context_tokens=2048, embedding_models=["e1"], batch_api=True,
+                        max_requests_per_batch=10, max_bytes_per_batch=4096)
     assert endpoint.to_spec() == EndpointSpec(
         name="gpu-a", base_url="http://127.0.0.1:9/v1", models=("m1", "m2"), max_concurrency=3,
         api_key="k", tokens_per_minute=100, requests_per_minute=10, rate_limit_window_s=5.0,
-        max_context_tokens=2048, batch_api=True, max_requests_per_batch=10,
-        max_bytes_per_batch=4096)
+        max_context_tokens=2048, embedding_models=("e1",), batch_api=True,
+        max_requests_per_batch=10, max_bytes_per_batch=4096)
     managed = ManagedEndpoint(kind="llama-server", name="llm", max_concurrency=2, process=True,
                               model_path="/m.gguf", model_name="g", context_per_slot=512,
                               threads=3)
