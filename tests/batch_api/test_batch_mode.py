@@ -212,6 +212,7 @@ def test_bad_rows_fail_alone_before_submission(quick, make_client):
     assert book_of(client).all_batches()[0]["lines"] == 2
 
 
+@pytest.mark.postgres
 def test_the_batch_book_works_on_postgresql(quick, make_client):
     """The book's per-line statements are plain SQL: PostgreSQL's placeholders and booleans."""
     import uuid
@@ -291,3 +292,20 @@ def test_an_unreachable_batch_endpoint_fails_the_rows_after_max_attempts(store_u
     assert result.stats.failed == 5 and set(result.error_types) == {"connection_error"}
     error = result.df["summary_error"].iloc[0]
     assert "cannot connect to 'openai'" in error and "after 2 batch submissions" in error
+
+
+def test_waiting_logs_each_batch_and_its_request_counts(make_client, caplog):
+    import logging
+
+    from dagster_batchllm.testing import SimulatedEndpoint
+
+    with SimulatedEndpoint(models=(MODEL,), api_key="sk-batch", batch_stage_s=0.3) as sim:
+        client = make_client(sim)
+        with caplog.at_level(logging.INFO, logger="dagster_batchllm"):
+            result = infer(client, frame(20), wait=True)
+    assert result.stats.succeeded == 20
+    progress = [r.getMessage() for r in caplog.records if "batches pending" in r.getMessage()]
+    assert progress, [r.getMessage() for r in caplog.records]
+    assert "1 batches pending: batch_sim" in progress[0]
+    assert "lines answered" in progress[0] and "next poll in" in progress[0]
+    assert any("collected batch batch_sim" in r.getMessage() for r in caplog.records)
