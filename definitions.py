@@ -9,9 +9,18 @@ import dagster as dg
 from assets.documents import document_assets, invoices
 from assets.embeddings import embedding_assets, transcript_embeddings
 from assets.partitions import daily_partitions
-from assets.pipeline import classified_transcripts, pipeline_assets, transcript_summaries
+from assets.pipeline import (
+    BATCH_MODE,
+    classified_transcripts,
+    pipeline_assets,
+    transcript_summaries,
+)
 from assets.sql_pipeline import sql_assets
-from dagster_batchllm import build_new_data_sensor, build_retry_partitions_sensor
+from dagster_batchllm import (
+    build_batch_collect_sensor,
+    build_new_data_sensor,
+    build_retry_partitions_sensor,
+)
 from resources import build_resources, describe_llm, serves_embeddings
 from resources.warehouse import PARTITION_COLUMN, SOURCE_TABLE
 
@@ -68,6 +77,14 @@ new_calls = build_new_data_sensor(
     cursor_column="ingest_id", partition_column=PARTITION_COLUMN,
 )
 
+# With BATCHLLM_BATCH_API=1 BATCHLLM_BATCH_WAIT=0 a run ends once its batches are submitted;
+# this sensor runs the day again (summaries and classifications) when they end.
+batch_sensors = [] if BATCH_MODE.get("wait", True) else [
+    build_batch_collect_sensor(transcript_summaries, resource=llm,
+                               also_materialize=[classified_transcripts]),
+    build_batch_collect_sensor(classified_transcripts, resource=llm),
+]
+
 extra_assets: list = []
 extra_sensors: list = []
 if serves_embeddings(llm):  # the embedded default does; real endpoints once one is named
@@ -92,6 +109,7 @@ defs = dg.Definitions(
     assets=[*pipeline_assets, *sql_assets, *document_assets, *extra_assets],
     jobs=[call_center_job],
     schedules=[daily_schedule],
-    sensors=[retry_summaries, retry_classifications, new_calls, *extra_sensors],
+    sensors=[retry_summaries, retry_classifications, new_calls, *extra_sensors,
+             *batch_sensors],
     resources=resources,
 )

@@ -19,6 +19,7 @@ _LAZY = {
     "BatchInferenceComponent": "dagster_batchllm.components.inference",
     "build_retry_partitions_sensor": "dagster_batchllm.sensors",
     "build_new_data_sensor": "dagster_batchllm.sensors",
+    "build_batch_collect_sensor": "dagster_batchllm.sensors",
     "stats_metadata": "dagster_batchllm.metadata",
     "BatchInferenceResource": "dagster_batchllm.resource",
     "Endpoint": "dagster_batchllm.resource",
@@ -52,6 +53,7 @@ __all__ = [
     "InferenceSettings",
     "InferenceStats",
     "Ledger",
+    "build_batch_collect_sensor",
     "build_inference_asset",
     "build_new_data_sensor",
     "build_retry_partitions_sensor",
@@ -74,6 +76,7 @@ if TYPE_CHECKING:
     from .embedding_asset import build_embedding_asset
     from .metadata import stats_metadata
     from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, ModelPrice
+    from .sensors.batches import build_batch_collect_sensor
     from .sensors.retry_partitions import build_new_data_sensor, build_retry_partitions_sensor
 
 

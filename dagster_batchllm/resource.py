@@ -86,6 +86,9 @@ class Endpoint(dg.Config):
     rate_limit_window_s: float = _declared(EndpointSpec, "rate_limit_window_s")
     max_context_tokens: int | None = _declared(EndpointSpec, "max_context_tokens")
     embedding_models: list[str] = _declared(EndpointSpec, "embedding_models")
+    batch_api: bool = _declared(EndpointSpec, "batch_api")
+    max_requests_per_batch: int = _declared(EndpointSpec, "max_requests_per_batch")
+    max_bytes_per_batch: int = _declared(EndpointSpec, "max_bytes_per_batch")
 
     def to_spec(self) -> EndpointSpec:
         return EndpointSpec(**_spec_values(self, EndpointSpec))
@@ -115,6 +118,24 @@ class ModelPrice(dg.Config):
     model: str = Field(description="The model name, as in Endpoint.models.")
     usd_per_1m_prompt_tokens: float = Field(description="USD per million prompt tokens.")
     usd_per_1m_completion_tokens: float = Field(description="USD per million completion tokens.")
+    batch_discount: float = Field(
+        default=0.5, description="The batch API's price as a share of the online price "
+        "(OpenAI, Together, Groq, Mistral: 0.5), where no batch prices are given.")
+    usd_per_1m_batch_prompt_tokens: float | None = Field(
+        default=None, description="USD per million prompt tokens through the batch API.")
+    usd_per_1m_batch_completion_tokens: float | None = Field(
+        default=None, description="USD per million completion tokens through the batch API.")
+
+    def as_settings(self) -> tuple[str, float, float, float, float]:
+        """(model, prompt, completion, batch prompt, batch completion) USD per 1M tokens."""
+        batch_prompt = (self.usd_per_1m_batch_prompt_tokens
+                        if self.usd_per_1m_batch_prompt_tokens is not None
+                        else self.usd_per_1m_prompt_tokens * self.batch_discount)
+        batch_completion = (self.usd_per_1m_batch_completion_tokens
+                            if self.usd_per_1m_batch_completion_tokens is not None
+                            else self.usd_per_1m_completion_tokens * self.batch_discount)
+        return (self.model, self.usd_per_1m_prompt_tokens, self.usd_per_1m_completion_tokens,
+                batch_prompt, batch_completion)
 
 
 # The settings fields that are not copied by name: to_settings() builds each from these
@@ -206,6 +227,8 @@ class BatchInferenceResource(dg.ConfigurableResource):
     ledger_flush_rows: int = _declared(InferenceSettings, "ledger_flush_rows")
     ledger_flush_interval_s: float = _declared(InferenceSettings, "ledger_flush_interval_s")
     progress_interval_s: float = _declared(InferenceSettings, "progress_interval_s")
+    batch_poll_initial_s: float = _declared(InferenceSettings, "batch_poll_initial_s")
+    batch_poll_max_s: float = _declared(InferenceSettings, "batch_poll_max_s")
 
     _client: InferenceClient | None = PrivateAttr(default=None)
     _log: Any = PrivateAttr(default=None)
@@ -226,10 +249,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
         return InferenceSettings(
             endpoints=tuple(e.to_spec() for e in self.endpoints)
             + tuple(r.spec for r in self._running),
-            model_prices=tuple(
-                (p.model, p.usd_per_1m_prompt_tokens, p.usd_per_1m_completion_tokens)
-                for p in self.prices
-            ),
+            model_prices=tuple(p.as_settings() for p in self.prices),
             **_spec_values(self, InferenceSettings, converted=SETTINGS_BUILT_FROM),
         )
 
@@ -273,7 +293,9 @@ class BatchInferenceResource(dg.ConfigurableResource):
         ``prompt_column`` or ``messages_column``; optional ``system``; ``model`` or
         ``model_column``; ``output_column``; generation parameters (``max_tokens``,
         ``temperature``, ``top_p``, ``stop``, ``seed`` ...); ``response_format`` (a JSON schema:
-        replies are parsed and validated per row); ``token_budget``; ``partition_key``.
+        replies are parsed and validated per row); ``token_budget``; ``partition_key``;
+        ``mode="batch_api"`` (an endpoint's offline batch API, at its batch price) with
+        ``wait=True`` (poll until answered) or ``wait=False`` (return once submitted).
         These are the fields of :class:`~dagster_batchllm.core.call.InferenceCall`; pass one
         as ``call`` (the asset factory does) and keywords change it. Pass ``context=`` (an asset
         context) to record its run id, partition key and asset key in the ledger and log

@@ -13,6 +13,8 @@ and no network. To use real LLM servers instead:
     export BATCHLLM_TOKENS_PER_MINUTE=2000000  # optional, per endpoint
     export BATCHLLM_USD_PER_1M_PROMPT_TOKENS=0.6 BATCHLLM_USD_PER_1M_COMPLETION_TOKENS=0.6
                                            # optional: the model's prices, for the cost figures
+    export BATCHLLM_BATCH_API=1            # optional: through the endpoints' offline batch API
+                                           # (OpenAI's Files + Batches), about half the price
 
 The embedded models are priced at zero (they run on this machine), so the cost figures are
 there from the first run; with real endpoints, set the prices above to see what a run costs.
@@ -44,6 +46,10 @@ def build_llm_resource() -> BatchInferenceResource:
         "BATCHLLM_STORE_URL", f"sqlite:///{DEFAULT_DATA_DIR / 'batchllm_ledger.db'}"
     )
     if not urls:
+        if batch_api_enabled():
+            raise dg.DagsterInvalidConfigError(
+                "BATCHLLM_BATCH_API is set but BATCHLLM_ENDPOINTS is not: the embedded default "
+                "has no batch API; point BATCHLLM_ENDPOINTS at a provider that has one.", [], None)
         return BatchInferenceResource(
             managed_endpoints=[ManagedEndpoint(name="embedded", max_concurrency=16)],
             default_model=model, store_url=store_url, default_max_tokens=256,
@@ -63,13 +69,20 @@ def build_llm_resource() -> BatchInferenceResource:
             Endpoint(name=f"endpoint-{i}", base_url=url, models=[model],
                      max_concurrency=concurrency, api_key=api_key,
                      tokens_per_minute=int(tpm) if tpm else None,
-                     embedding_models=[embedding] if embedding else [])
+                     embedding_models=[embedding] if embedding else [],
+                     batch_api=batch_api_enabled())
             for i, url in enumerate(urls)
         ],
         default_model=model,
         store_url=store_url,
         prices=_prices_from_environment(model),
     )
+
+
+def batch_api_enabled() -> bool:
+    """``BATCHLLM_BATCH_API=1``: the inference assets go through the endpoints' batch API (off
+    by default: it needs a provider that has one, which the embedded default is not)."""
+    return os.environ.get("BATCHLLM_BATCH_API", "").lower() in ("1", "true", "yes")
 
 
 def serves_embeddings(llm: BatchInferenceResource) -> bool:
@@ -123,5 +136,5 @@ def build_resources() -> dict[str, object]:
     }
 
 
-__all__ = ["WarehouseIOManager", "WarehouseResource", "build_llm_resource", "build_resources",
-           "describe_llm", "serves_embeddings"]
+__all__ = ["WarehouseIOManager", "WarehouseResource", "batch_api_enabled", "build_llm_resource",
+           "build_resources", "describe_llm", "serves_embeddings"]

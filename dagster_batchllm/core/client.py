@@ -15,6 +15,7 @@ import threading
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
+from .batch_mode import BatchModeCall, check_mode
 from .call import InferenceCall
 from .embed_call import EmbedCall
 from .embed_client import embed_frame, estimate_embeddings
@@ -95,6 +96,8 @@ class InferenceClient:
         supersede_stale: bool = False,
         collect_keys: bool = False,
         logger: Any = None,
+        mode: str = "online",
+        wait: bool = True,
         **call_fields: Any,
     ) -> InferenceResult:
         """One output per row of ``df``; failures are data in the error column.
@@ -106,6 +109,9 @@ class InferenceClient:
         look their answers up afterwards).
         ``supersede_stale``: this call covers its whole partition, so the partition's records of
         requests it no longer asks for are retired.
+        ``mode="batch_api"``: through the provider's offline batch API (an endpoint with
+        ``batch_api=True``) at its batch price; ``wait=False`` returns once the batches are
+        submitted, the rows deferred "waiting for batch <id>" (see :mod:`.batch_mode`).
         """
         import pandas as pd
 
@@ -118,14 +124,21 @@ class InferenceClient:
                     f"The input already has a column '{name}'; choose another output_column."
                 )
         budget = call.token_budget if call.token_budget is not None else self.settings.token_budget
-        run = InferenceRun(
-            self.settings, call, df[call.input_columns()],
-            pool=self.pool, ledger=self.ledger, token_budget=budget,
-            partition_key=call.partition_key, run_id=run_id, scope=call.scope,
-            logger=logger or self.log,
-            collect_keys=collect_keys or bool(supersede_stale and call.partition_key),
-        )
-        stats = await run.run()
+        check_mode(mode, wait)
+        keep_keys = collect_keys or bool(supersede_stale and call.partition_key)
+        if mode == "batch_api":
+            run = await BatchModeCall(self, call, df[call.input_columns()], wait=wait,
+                                      token_budget=budget, run_id=run_id,
+                                      logger=logger or self.log, collect_keys=keep_keys).run()
+        else:
+            run = InferenceRun(
+                self.settings, call, df[call.input_columns()],
+                pool=self.pool, ledger=self.ledger, token_budget=budget,
+                partition_key=call.partition_key, run_id=run_id, scope=call.scope,
+                logger=logger or self.log, collect_keys=keep_keys,
+            )
+            await run.run()
+        stats = run.stats
         if supersede_stale and call.partition_key:
             await asyncio.to_thread(self.ledger.mark_superseded, call.partition_key, run.keys,
                                     call.scope)

@@ -49,6 +49,9 @@ class Attempts:
 
 
 class Delivery(Protocol):
+    # Optional: ``keeps_answers = True`` on a delivery whose answers are durable before the
+    # engine sees them (the batch API's book), so the run keeps no journal of its own.
+
     def capacity(self) -> int:
         """Requests it can usefully have outstanding at once (sizes the run's workers)."""
         ...

@@ -49,6 +49,13 @@ class EndpointSpec:
     embedding_models: tuple[str, ...] = described(
         "The model names this endpoint serves on /embeddings (for embed()), e.g. bge-large.",
         ())
+    batch_api: bool = described(
+        "The endpoint also takes offline batches (OpenAI's Files and Batches API: about half "
+        "the price, answered within 24 h): calls with mode='batch_api' go here.", False)
+    max_requests_per_batch: int = described(
+        "Most request lines in one batch file (OpenAI: 50,000).", 50_000)
+    max_bytes_per_batch: int = described(
+        "Largest batch file in bytes (OpenAI: 200 MB).", 200_000_000)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -65,6 +72,9 @@ class EndpointSpec:
             raise ValueError(f"Endpoint '{self.name}': max_concurrency must be at least 1.")
         if self.rate_limit_window_s <= 0:
             raise ValueError(f"Endpoint '{self.name}': rate_limit_window_s must be positive.")
+        if self.max_requests_per_batch < 1 or self.max_bytes_per_batch < 1024:
+            raise ValueError(f"Endpoint '{self.name}': max_requests_per_batch must be at least "
+                             "1 and max_bytes_per_batch at least 1024.")
 
     @property
     def served_models(self) -> tuple[str, ...]:
@@ -117,10 +127,15 @@ class InferenceSettings:
     coordination_interval_s: float = described(
         "Seconds between a run's heartbeats in the ledger database, by which runs that share "
         "endpoints (coordinate_runs) see each other and split the limits.", 0.5)
-    model_prices: tuple[tuple[str, float, float], ...] = described(
-        "(model, USD per 1M prompt tokens, USD per 1M completion tokens) for cost estimates.",
+    model_prices: tuple[tuple[Any, ...], ...] = described(
+        "(model, USD per 1M prompt tokens, USD per 1M completion tokens) for cost estimates, "
+        "optionally followed by the batch API's two prices.",
         ())
     default_model: str | None = described("The model used when a call names none.", None)
+    batch_poll_initial_s: float = described(
+        "First wait between polls of a batch's status (mode='batch_api', wait=True); it "
+        "grows by half each poll.", 1.0)
+    batch_poll_max_s: float = described("Longest wait between polls of a batch.", 60.0)
 
     def __post_init__(self) -> None:
         if not self.endpoints:
@@ -151,10 +166,23 @@ class InferenceSettings:
 
     def price_for(self, model: str) -> tuple[float, float] | None:
         """(USD per 1M prompt tokens, USD per 1M completion tokens) for a model, if configured."""
-        for name, prompt_price, completion_price in self.model_prices:
+        for name, prompt_price, completion_price, *_batch in self.model_prices:
             if name == model:
                 return prompt_price, completion_price
         return None
+
+    def batch_price_for(self, model: str) -> tuple[float, float] | None:
+        """The batch API's (prompt, completion) USD per 1M tokens for a model; its online price
+        where no batch price is configured."""
+        for name, prompt_price, completion_price, *batch in self.model_prices:
+            if name == model:
+                return (batch[0], batch[1]) if len(batch) >= 2 else (prompt_price,
+                                                                     completion_price)
+        return None
+
+    def batch_endpoint_for(self, model: str) -> EndpointSpec | None:
+        """The first endpoint with ``batch_api=True`` that serves ``model``."""
+        return next((e for e in self.endpoints if e.batch_api and model in e.models), None)
 
     def replace(self, **changes) -> InferenceSettings:
         return dataclasses.replace(self, **changes)

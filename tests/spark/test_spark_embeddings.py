@@ -36,8 +36,11 @@ def settings(sim, tmp_path):
 
 @pytest.fixture
 def calls(spark):
+    # One partition: the repeated text is then deduplicated within one task's call. Across
+    # tasks running at once, limits='split' (the default) has no cross-run claims, so each
+    # task could send it; that is what limits='shared' is for.
     frame = spark.createDataFrame(pd.DataFrame({"id": range(len(TEXTS)), "t": TEXTS}),
-                                  "id long, t string")
+                                  "id long, t string").coalesce(1)
     frame.createOrReplaceTempView("calls")
     return frame
 
