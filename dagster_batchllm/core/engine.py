@@ -3,6 +3,9 @@
 The run keeps a fixed number of worker coroutines (about twice what the endpoints can take at
 once), fed by a producer that renders the input chunk by chunk. So memory does not grow with the
 number of rows beyond the output columns themselves, and a 1M-row table never has 1M coroutines.
+A delivery that gathers items into requests (:mod:`.grouping`) says how many it takes at once
+(``items_per_send``, with ``send_many``): then each worker, and each queue entry, carries that
+many items, so a row costs no coroutine step or future of its own.
 
 What the run does with each row is split by job: a *task* (:mod:`.tasks`) turns rows into
 request items and replies into values, a *delivery* (:mod:`.delivery`) gets each item to a model
