@@ -23,6 +23,8 @@ _LAZY = {
     "BatchInferenceResource": "dagster_batchllm.resource",
     "Endpoint": "dagster_batchllm.resource",
     "ModelPrice": "dagster_batchllm.resource",
+    "MlflowModel": "dagster_batchllm.resource",
+    "PredictionResult": "dagster_batchllm.core.predict",
     "ManagedEndpoint": "dagster_batchllm.resource",
     "InferenceClient": "dagster_batchllm.core.client",
     "InferenceResult": "dagster_batchllm.core.results",
@@ -56,6 +58,8 @@ __all__ = [
     "stats_metadata",
     "ManagedEndpoint",
     "ModelPrice",
+    "MlflowModel",
+    "PredictionResult",
 ]
 
 if TYPE_CHECKING:
@@ -64,10 +68,11 @@ if TYPE_CHECKING:
     from .core.client import InferenceClient
     from .core.errors import BatchLLMError, ErrorType, InferenceConfigError
     from .core.ledger import Ledger
+    from .core.predict import PredictionResult
     from .core.results import InferenceEstimate, InferenceResult, InferenceStats
     from .core.settings import EndpointSpec, InferenceSettings
     from .metadata import stats_metadata
-    from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, ModelPrice
+    from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, MlflowModel, ModelPrice
     from .sensors.retry_partitions import build_new_data_sensor, build_retry_partitions_sensor
 
 

@@ -18,7 +18,7 @@ from .core.call import InferenceCall
 from .core.client import InferenceClient
 from .core.errors import InferenceConfigError
 from .core.results import InferenceEstimate, InferenceResult
-from .core.settings import DESCRIPTION, EndpointSpec, InferenceSettings
+from .core.settings import DESCRIPTION, EndpointSpec, InferenceSettings, MlflowModelSpec
 from .managed.start import ManagedEndpointSpec, RunningEndpoint, start_managed
 
 
@@ -64,7 +64,8 @@ def _resolved(value: Any, config: Any, field: str) -> Any:
 
 
 _SPEC_FIELDS = {spec: {f.name: f for f in dataclasses.fields(spec)}
-                for spec in (EndpointSpec, ManagedEndpointSpec, InferenceSettings)}
+                for spec in (EndpointSpec, ManagedEndpointSpec, InferenceSettings,
+                             MlflowModelSpec)}
 
 
 class Endpoint(dg.Config):
@@ -81,9 +82,24 @@ class Endpoint(dg.Config):
     requests_per_minute: int | None = _declared(EndpointSpec, "requests_per_minute")
     rate_limit_window_s: float = _declared(EndpointSpec, "rate_limit_window_s")
     max_context_tokens: int | None = _declared(EndpointSpec, "max_context_tokens")
+    protocol: Literal["openai", "mlflow"] = _declared(EndpointSpec, "protocol")
 
     def to_spec(self) -> EndpointSpec:
         return EndpointSpec(**_spec_values(self, EndpointSpec))
+
+
+class MlflowModel(dg.Config):
+    """A traditional ML model (MLflow pyfunc) scored in process by ``predict()``.
+
+    Its fields are those of :class:`~dagster_batchllm.core.settings.MlflowModelSpec`."""
+
+    name: str = _declared(MlflowModelSpec, "name")
+    model_uri: str = _declared(MlflowModelSpec, "model_uri")
+    registry_uri: str | None = _declared(MlflowModelSpec, "registry_uri")
+    rows_per_batch: int = _declared(MlflowModelSpec, "rows_per_batch")
+
+    def to_spec(self) -> MlflowModelSpec:
+        return MlflowModelSpec(**_spec_values(self, MlflowModelSpec))
 
 
 class ManagedEndpoint(dg.Config):
@@ -117,6 +133,7 @@ class ModelPrice(dg.Config):
 SETTINGS_BUILT_FROM = {
     "endpoints": ("endpoints", "managed_endpoints"),
     "model_prices": ("prices",),
+    "mlflow_models": ("mlflow_models",),
 }
 
 
@@ -181,6 +198,9 @@ class BatchInferenceResource(dg.ConfigurableResource):
     prices: list[ModelPrice] = Field(
         default_factory=list, description="Per-model prices for cost estimates."
     )
+    mlflow_models: list[MlflowModel] = Field(
+        default_factory=list,
+        description="Traditional ML models (MLflow pyfunc) scored in process by predict().")
     # The other fields are InferenceSettings' own, with its defaults and descriptions.
     store_url: str | None = _declared(InferenceSettings, "store_url")
     ledger_table: str = _declared(InferenceSettings, "ledger_table")
@@ -201,6 +221,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
     ledger_flush_rows: int = _declared(InferenceSettings, "ledger_flush_rows")
     ledger_flush_interval_s: float = _declared(InferenceSettings, "ledger_flush_interval_s")
     progress_interval_s: float = _declared(InferenceSettings, "progress_interval_s")
+    mlflow_registry_uri: str | None = _declared(InferenceSettings, "mlflow_registry_uri")
 
     _client: InferenceClient | None = PrivateAttr(default=None)
     _log: Any = PrivateAttr(default=None)
@@ -211,11 +232,12 @@ class BatchInferenceResource(dg.ConfigurableResource):
 
         Managed endpoints appear once started (in a run, or after first use of ``client``).
         """
-        if not self.endpoints and not self.managed_endpoints:
+        if not self.endpoints and not self.managed_endpoints and not self.mlflow_models:
             raise dg.DagsterInvalidConfigError(
                 "BatchInferenceResource needs at least one endpoint: set endpoints=[Endpoint("
                 "name=..., base_url='http://host:8000/v1', models=[...])] or "
-                "managed_endpoints=[ManagedEndpoint()] for the embedded default.",
+                "managed_endpoints=[ManagedEndpoint()] for the embedded default (or "
+                "mlflow_models=[MlflowModel(...)] for predict()).",
                 [], None,
             )
         return InferenceSettings(
@@ -225,6 +247,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
                 (p.model, p.usd_per_1m_prompt_tokens, p.usd_per_1m_completion_tokens)
                 for p in self.prices
             ),
+            mlflow_models=tuple(m.to_spec() for m in self.mlflow_models),
             **_spec_values(self, InferenceSettings, converted=SETTINGS_BUILT_FROM),
         )
 
@@ -284,6 +307,17 @@ class BatchInferenceResource(dg.ConfigurableResource):
                  **kwargs: Any) -> InferenceEstimate:
         """A dry run with the same arguments as :meth:`infer`: counts, tokens and cost."""
         return self.client.estimate(df, call, **kwargs)
+
+    def predict(self, df: Any, call: Any = None, /, *, context: Any = None,
+                **kwargs: Any) -> Any:
+        """One prediction per row of ``df`` from a traditional ML model; failures are data in
+        ``<output>_error``. ``model=`` (an ``mlflow_models`` name, a model an ``mlflow``
+        endpoint serves, or a URI: ``models:/name@alias``, ``models:/name/3``, ``runs:/...``,
+        a path) or ``model_column=``; ``input_columns=[...]`` (named as the model's features);
+        ``output_column=``; ``rows_per_request``; ``partition_key``. Returns a
+        :class:`~dagster_batchllm.core.predict.PredictionResult` (``.models`` says which
+        version each model name resolved to)."""
+        return self.client.predict(df, call, **_context_kwargs(context, call, kwargs))
 
     @property
     def ledger(self):

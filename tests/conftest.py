@@ -119,3 +119,22 @@ def make_llm_resource(tmp_path):
         )
 
     return build
+
+
+@pytest.fixture(scope="session")
+def mlflow_registry(tmp_path_factory):
+    """A real local MLflow registry (SQLite) holding ``risk`` v1 (alias champion) and v2 (alias
+    challenger): logistic regressions over f1, f2."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("sklearn")
+    from dagster_batchllm.testing.mlflow_registry import (
+        LocalRegistry,
+        feature_frame,
+        fit_risk_model,
+    )
+
+    registry = LocalRegistry(tmp_path_factory.mktemp("mlflow"))
+    example = feature_frame(3)
+    registry.log_sklearn("risk", fit_risk_model(1), input_example=example, alias="champion")
+    registry.log_sklearn("risk", fit_risk_model(2), input_example=example, alias="challenger")
+    return registry

@@ -25,6 +25,34 @@ def described(description: str, default: Any = MISSING, **options: Any) -> Any:
     return field(default=default, metadata={DESCRIPTION: description}, **options)
 
 
+ENDPOINT_PROTOCOLS = ("openai", "mlflow")
+
+
+@dataclass(frozen=True)
+class MlflowModelSpec:
+    """A traditional ML model scored in this process by MLflow's pyfunc flavour (predict())."""
+
+    name: str = described("The name calls use for it (predict(model=...), a model column).")
+    model_uri: str = described(
+        "Where MLflow finds it: models:/name@alias, models:/name/3, runs:/<run id>/model or a "
+        "local path. An alias is resolved when a call starts, so a moved alias scores under "
+        "the new version (and the ledger keeps each version's answers apart).")
+    registry_uri: str | None = described(
+        "The MLflow registry (and tracking) URI for models:/ and runs:/ URIs, e.g. "
+        "sqlite:///data/mlflow.db; None: the settings' mlflow_registry_uri, else MLflow's own "
+        "(MLFLOW_TRACKING_URI).", None)
+    rows_per_batch: int = described(
+        "Most rows handed to one predict() call.", 1024)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("An MLflow model needs a non-empty name.")
+        if not self.model_uri:
+            raise ValueError(f"MLflow model '{self.name}': model_uri is empty.")
+        if self.rows_per_batch < 1:
+            raise ValueError(f"MLflow model '{self.name}': rows_per_batch must be at least 1.")
+
+
 @dataclass(frozen=True)
 class EndpointSpec:
     """One OpenAI-compatible server (vLLM, TGI, llama.cpp, OpenAI)."""
@@ -45,6 +73,10 @@ class EndpointSpec:
         "shorter windows spread requests more evenly.", 60.0)
     max_context_tokens: int | None = described(
         "The model's context length; longer prompts fail as rows before sending.", None)
+    protocol: str = described(
+        "What the server speaks: 'openai' (chat completions below base_url) or 'mlflow' "
+        "(MLflow's scoring protocol, POST <base_url>/invocations, as `mlflow models serve` and "
+        "Databricks custom model serving answer it; used by predict()).", "openai")
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -60,6 +92,9 @@ class EndpointSpec:
             raise ValueError(f"Endpoint '{self.name}': max_concurrency must be at least 1.")
         if self.rate_limit_window_s <= 0:
             raise ValueError(f"Endpoint '{self.name}': rate_limit_window_s must be positive.")
+        if self.protocol not in ENDPOINT_PROTOCOLS:
+            raise ValueError(f"Endpoint '{self.name}': protocol must be one of "
+                             f"{list(ENDPOINT_PROTOCOLS)}, got {self.protocol!r}.")
 
     @property
     def chat_url(self) -> str:
@@ -111,10 +146,23 @@ class InferenceSettings:
         "(model, USD per 1M prompt tokens, USD per 1M completion tokens) for cost estimates.",
         ())
     default_model: str | None = described("The model used when a call names none.", None)
+    mlflow_models: tuple[MlflowModelSpec, ...] = described(
+        "Traditional ML models scored in process by predict() (MLflow pyfunc).", ())
+    mlflow_registry_uri: str | None = described(
+        "The MLflow registry (and tracking) URI for models:/ and runs:/ URIs that a model "
+        "names no registry for (model column cells too); None: MLflow's own "
+        "(MLFLOW_TRACKING_URI).", None)
 
     def __post_init__(self) -> None:
-        if not self.endpoints:
-            raise ValueError("Configure at least one endpoint.")
+        if not self.endpoints and not self.mlflow_models:
+            raise ValueError("Configure at least one endpoint (or an MLflow model).")
+        mlflow_names = [m.name for m in self.mlflow_models]
+        if len(set(mlflow_names)) != len(mlflow_names):
+            raise ValueError(f"MLflow model names must be unique, got {mlflow_names}.")
+        both = set(mlflow_names) & {m for e in self.endpoints for m in e.models}
+        if both:
+            raise ValueError(f"{sorted(both)}: named both as an MLflow model scored in process "
+                             "and as a model an endpoint serves; give one of them another name.")
         names = [e.name for e in self.endpoints]
         if len(set(names)) != len(names):
             raise ValueError(f"Endpoint names must be unique, got {names}.")
@@ -125,7 +173,14 @@ class InferenceSettings:
 
     @property
     def models(self) -> frozenset[str]:
-        return frozenset(m for e in self.endpoints for m in e.models)
+        """The chat models (served over the OpenAI protocol)."""
+        return frozenset(m for e in self.endpoints if e.protocol == "openai" for m in e.models)
+
+    @property
+    def scoring_models(self) -> frozenset[str]:
+        """The models predict() can use: in-process MLflow models and MLflow-served ones."""
+        return frozenset([m.name for m in self.mlflow_models]
+                         + [m for e in self.endpoints if e.protocol == "mlflow" for m in e.models])
 
     @property
     def model_when_unnamed(self) -> str | None:
