@@ -118,3 +118,90 @@ def fit_intent_model(texts: list[str], labels: list[str]) -> Any:
         ("classify", LogisticRegression(max_iter=1000)),
     ])
     return model.fit(pd.DataFrame({"text": texts}), labels)
+
+
+class ModelServer:
+    """``mlflow models serve`` of one model on 127.0.0.1 (MLflow's scoring protocol at
+    ``base_url + /invocations``), as a context manager. ``--env-manager local``: it runs this
+    interpreter's environment, whose ``bin`` goes first on PATH (MLflow starts ``uvicorn``)."""
+
+    def __init__(self, model_uri: str, *, tracking_uri: str | None = None,
+                 workers: int = 1, startup_timeout_s: float = 90.0):
+        self.model_uri = model_uri
+        self.tracking_uri = tracking_uri
+        self.workers = workers
+        self.startup_timeout_s = startup_timeout_s
+        self.port = _free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self._proc: Any = None
+
+    def __enter__(self) -> ModelServer:
+        import subprocess
+        import sys
+        import urllib.request
+
+        from .clients import wait_until
+
+        bin_dir = os.path.dirname(sys.executable)
+        env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+               "MLFLOW_DISABLE_TELEMETRY": "true"}
+        if self.tracking_uri:
+            env["MLFLOW_TRACKING_URI"] = env["MLFLOW_REGISTRY_URI"] = self.tracking_uri
+        import tempfile
+
+        # A file, not a pipe: uvicorn logs every request, and a full pipe would stall it.
+        self._log = tempfile.TemporaryFile()
+        self._proc = subprocess.Popen(
+            [os.path.join(bin_dir, "mlflow"), "models", "serve", "-m", self.model_uri,
+             "-h", "127.0.0.1", "-p", str(self.port), "--env-manager", "local",
+             "-w", str(self.workers)],
+            env=env, stdout=subprocess.DEVNULL, stderr=self._log,
+            start_new_session=True)  # its own group: uvicorn's workers stop with it
+
+        def up() -> bool:
+            if self._proc.poll() is not None:
+                self._log.seek(0)
+                raise RuntimeError(f"mlflow models serve exited: "
+                                   f"{self._log.read().decode()[-2000:]}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/ping", timeout=1) as reply:
+                    return reply.status == 200
+            except OSError:
+                return False
+
+        try:
+            wait_until(up, self.startup_timeout_s, f"mlflow models serve {self.model_uri}",
+                       poll_s=0.2)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        import signal
+        import subprocess
+
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is not None:
+            self._log.close()
+            return
+        os.killpg(proc.pid, signal.SIGTERM)  # the group this server's Popen started
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        self._log.close()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -21,7 +21,7 @@ from ..simulator.clients import (
 )
 from ..simulator.endpoint import SimulatedEndpoint
 from ..simulator.images import data_uri, png_bytes
-from ..simulator.mlflow_registry import LocalRegistry
+from ..simulator.mlflow_registry import LocalRegistry, ModelServer
 from ..simulator.responders import (
     RISK_LEVEL_SCHEMA,
     EchoResponder,
@@ -34,6 +34,7 @@ __all__ = [
     "RISK_LEVEL_SCHEMA",
     "EchoResponder",
     "LocalRegistry",
+    "ModelServer",
     "Responder",
     "SimulatedEndpoint",
     "data_uri",
