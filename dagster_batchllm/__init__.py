@@ -24,6 +24,9 @@ _LAZY = {
     "Endpoint": "dagster_batchllm.resource",
     "ModelPrice": "dagster_batchllm.resource",
     "MlflowModel": "dagster_batchllm.resource",
+    "build_scoring_asset": "dagster_batchllm.scoring_assets",
+    "build_model_version_asset": "dagster_batchllm.scoring_assets",
+    "build_model_alias_sensor": "dagster_batchllm.scoring_assets",
     "PredictionResult": "dagster_batchllm.core.predict",
     "ManagedEndpoint": "dagster_batchllm.resource",
     "InferenceClient": "dagster_batchllm.core.client",
@@ -60,6 +63,9 @@ __all__ = [
     "ModelPrice",
     "MlflowModel",
     "PredictionResult",
+    "build_scoring_asset",
+    "build_model_version_asset",
+    "build_model_alias_sensor",
 ]
 
 if TYPE_CHECKING:
@@ -73,6 +79,11 @@ if TYPE_CHECKING:
     from .core.settings import EndpointSpec, InferenceSettings
     from .metadata import stats_metadata
     from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, MlflowModel, ModelPrice
+    from .scoring_assets import (
+        build_model_alias_sensor,
+        build_model_version_asset,
+        build_scoring_asset,
+    )
     from .sensors.retry_partitions import build_new_data_sensor, build_retry_partitions_sensor
 
 
