@@ -6,6 +6,7 @@ import os
 
 import dagster as dg
 
+from assets.ml_models import ml_assets, predicted_actions_alias_sensor
 from assets.partitions import daily_partitions
 from assets.pipeline import classified_transcripts, pipeline_assets, transcript_summaries
 from assets.sql_pipeline import sql_assets
@@ -80,9 +81,9 @@ if os.environ.get("BATCHLLM_ENABLE_SPARK", "").lower() in ("1", "true", "yes"):
     })
 
 defs = dg.Definitions(
-    assets=[*pipeline_assets, *sql_assets, *extra_assets],
+    assets=[*pipeline_assets, *sql_assets, *ml_assets, *extra_assets],
     jobs=[call_center_job],
     schedules=[daily_schedule],
-    sensors=[retry_summaries, retry_classifications, new_calls],
+    sensors=[retry_summaries, retry_classifications, new_calls, predicted_actions_alias_sensor],
     resources=resources,
 )

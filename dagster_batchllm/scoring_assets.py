@@ -17,7 +17,7 @@
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import dagster as dg
@@ -95,6 +95,8 @@ def build_scoring_asset(
     model_column: str | None = None,
     output_column: str = "prediction",
     model_asset: dg.SourceAsset | None = None,
+    deps: Sequence[Any] | None = None,
+    prepare: Callable[[Any], Any] | None = None,
     partitions_def: dg.PartitionsDefinition | None = None,
     partition_column: str | None = None,
     key_columns: Sequence[str] | None = None,
@@ -112,6 +114,9 @@ def build_scoring_asset(
     serves, or a URI); ``model_column``: a column naming each row's model instead.
     ``model_asset`` (from :func:`build_model_version_asset`): the asset depends on it, so a
     moved alias marks it stale; its code version covers the version resolved at load.
+    ``deps``: other upstream assets (e.g. the asset that trains and registers the model);
+    ``prepare``: a function applied to the upstream table before scoring (e.g. adding the
+    model column).
 
     Example::
 
@@ -134,7 +139,7 @@ def build_scoring_asset(
             f"{where}: partition_column is only meaningful with partitions_def.")
     asset_key = dg.AssetKey([name])
     watched = _watched(model_asset) if model_asset is not None else None
-    version = resolve_registered(*watched) if watched else None
+    version = _version_at_load(*watched) if watched else None
     code_version = hashlib.sha256(json.dumps([
         list(call.input_columns), call.model, call.model_column, call.output_column,
         version.identity if version is not None else None]).encode()).hexdigest()[:16]
@@ -150,7 +155,8 @@ def build_scoring_asset(
     @dg.asset(
         name=name,
         ins={"source_table": dg.AssetIn(key=_asset_key(source))},
-        deps=[model_asset.key] if model_asset is not None else None,
+        deps=[*([model_asset.key] if model_asset is not None else []),
+              *(_asset_key(d) for d in deps or [])] or None,
         partitions_def=partitions_def,
         backfill_policy=backfill_policy,
         check_specs=inference_check_specs(asset_key, partitions_def),
@@ -166,6 +172,8 @@ def build_scoring_asset(
     )
     def _scoring_asset(context: dg.AssetExecutionContext, source_table):
         llm = getattr(context.resources, resource_key)
+        if prepare is not None:
+            source_table = prepare(source_table)
         missing = [c for c in key_columns if c not in source_table.columns]
         if missing:
             raise dg.Failure(f"{where}: key_columns {missing} are not in the input table.")
@@ -214,6 +222,21 @@ def build_scoring_asset(
         yield from check_events(context, asset_key, checks)
 
     return _scoring_asset
+
+
+def _version_at_load(model_uri: str, registry_uri: str | None) -> ResolvedModel | None:
+    """The version the model resolves to as the definitions load; None where that would mean
+    creating a registry (a SQLite file not there yet: the model is trained at setup) or mlflow
+    is not installed. The code version then covers the call alone."""
+    import os
+
+    if registry_uri and registry_uri.startswith("sqlite:///") and not os.path.exists(
+            registry_uri[len("sqlite:///"):]):
+        return None
+    try:
+        return resolve_registered(model_uri, registry_uri)
+    except InferenceConfigError:
+        return None
 
 
 def _model_metadata(described: dict[str, Any], name: str) -> dict[str, Any]:
