@@ -38,6 +38,8 @@ from ..core.errors import InferenceConfigError
 from . import functions, worker
 from .builders import register_builder
 from .job import RESULT_STRUCT_DDL
+from .model_sql import constant as _constant
+from .model_sql import scoring_expression, scoring_model
 from .session import SparkAI
 
 PARAMETERS = ("endpoint", "request", "returnType", "failOnError", "modelParameters",
@@ -97,6 +99,9 @@ class AIQueryBuilder:
 
     def apply(self, expressions: Any) -> Any:
         arguments, pairs = _arguments(expressions)
+        model = scoring_model(self.ai, arguments)
+        if model is not None:  # a traditional ML model: its features from a named_struct
+            return scoring_expression(self.ai, model, arguments)
         fail_on_error = _check(self.ai, arguments)
         chosen = self.as_text if fail_on_error else self.as_struct
         if pairs:  # the UDF reads its options by position or name: hand them over by name
@@ -187,11 +192,3 @@ def _check(ai: SparkAI, arguments: dict[str, Any]) -> bool:
                 f"ai_query: 'failOnError' must be true or false, got {value!r}.")
         fail_on_error = value is not False
     return fail_on_error
-
-
-def _constant(expression: Any) -> Any:
-    """A foldable expression's value: str, bool or number (UTF8String becomes str)."""
-    value = expression.eval(None)
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value.toString())

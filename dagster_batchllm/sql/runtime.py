@@ -30,6 +30,7 @@ from typing import Any
 from ..ai_functions.calls import BoundCall, read_outcome
 from ..core.errors import InferenceConfigError
 from ..core.results import InferenceStats
+from .scoring import is_scoring_model, score_rows
 
 Outcome = tuple[Any, "str | None"]  # (SQL value, "<error_type>: <message>" or None)
 Row = tuple[str, "str | None"]  # (model, user message); a None message is SQL NULL: not sent
@@ -62,7 +63,8 @@ class Runtime:
     # -- models -----------------------------------------------------------------------------
     def model_for(self, function: str, endpoint: Any, *, required: bool) -> str:
         """The served model an ``endpoint`` argument names; None means the default model."""
-        served = self.client.settings.models
+        settings = self.client.settings
+        served = settings.models
         if endpoint is None:
             if required:
                 raise InferenceConfigError(f"{function}: argument 'endpoint' is NULL.")
@@ -75,6 +77,9 @@ class Runtime:
             raise InferenceConfigError(
                 f"{function}: argument 'endpoint' must be a STRING naming a served model, got "
                 f"{type(endpoint).__name__} {endpoint!r}.")
+        if endpoint not in served and function == "ai_query" and is_scoring_model(settings,
+                                                                                   endpoint):
+            return endpoint  # a traditional ML model (MLflow): see sql/scoring.py
         if endpoint not in served:
             raise InferenceConfigError(
                 f"{function}: argument 'endpoint' names '{endpoint}', which no configured "
@@ -143,6 +148,23 @@ class Runtime:
                      ) -> list[tuple[Any, str | None]]:
         import pandas as pd
 
+        scoring = [i for i, k in enumerate(keys) if is_scoring_model(self.client.settings, k[1])]
+        if scoring:  # rows for traditional ML models are predicted, the others inferred
+            outcomes: list[tuple[Any, str | None]] = [(None, None)] * len(keys)
+            chat = [i for i in range(len(keys)) if i not in set(scoring)]
+            predicted, stats = await score_rows(
+                self.client, [(keys[i][1], keys[i][2]) for i in scoring],
+                partition_key=self.partition_key, scope=self.scope, run_id=self.run_id,
+                logger=self.logger)
+            for stat in stats:
+                self._add(stat)
+            for i, outcome in zip(scoring, predicted, strict=True):
+                outcomes[i] = outcome
+            if chat:
+                for i, outcome in zip(chat, await self._infer(call, [keys[i] for i in chat]),
+                                      strict=True):
+                    outcomes[i] = outcome
+            return outcomes
         frame = pd.DataFrame({"model": [k[1] for k in keys], "prompt": [k[2] for k in keys]})
         models = set(frame["model"])
         route = {"model": next(iter(models))} if len(models) == 1 else {"model_column": "model"}

@@ -139,3 +139,21 @@ def test_predict_grouped_matches_the_seeds_apply_in_pandas_and_loads_once_per_wo
                             llm=settings, output_column="pred", buckets_per_model=4)
     assert rerun.where("pred.errorMessage IS NULL").count() == 900
     assert set(_loads(log).values()) == {1}  # the workers kept their models
+
+
+def test_spark_sql_ai_query_on_a_registered_model_with_named_struct(spark, settings):
+    from dagster_batchllm.spark import register_ai_functions
+
+    frame = _frame(200, seed=44)
+    spark.createDataFrame(frame).createOrReplaceTempView("features")
+    register_ai_functions(spark, settings)
+    out = spark.sql("""SELECT row_id, ai_query('risk', named_struct('f1', f1, 'f2', f2),
+                                          returnType => 'DOUBLE') AS p
+                       FROM features""").toPandas().sort_values("row_id")
+    assert out["p"].tolist() == fit_risk_model(1).predict(frame[FEATURES]).astype(float).tolist()
+    checked = spark.sql("""SELECT ai_query('risk', named_struct('f1', f1, 'f2', f2),
+                                           returnType => 'DOUBLE', failOnError => false) AS p
+                           FROM features""")
+    assert checked.schema["p"].dataType.simpleString() == \
+        "struct<result:double,errorMessage:string>"
+    assert checked.where("p.errorMessage IS NULL").count() == 200
