@@ -194,6 +194,21 @@ def input_problem(pyfunc_model: Any, columns: list[str]) -> str | None:
     return None
 
 
+def single_required_input(model: ResolvedModel) -> str | None:
+    """The name of an in-process model's only required input (its signature's), or None: what
+    a request that is one plain value (SQL's ``ai_query('model', text)``) is fed as."""
+    if model.kind != IN_PROCESS or model.error:
+        return None
+    try:
+        schema = load_model(model).metadata.get_input_schema()
+    except Exception:
+        return None
+    if schema is None or not schema.has_input_names():
+        return None
+    required = [spec.name for spec in schema.inputs if getattr(spec, "required", True)]
+    return required[0] if len(required) == 1 else None
+
+
 def short_error(exc: BaseException, limit: int = 300) -> str:
     """An exception in a line: MLflow's schema errors quote the whole batch, which is cut."""
     return _short(exc, limit)

@@ -51,13 +51,14 @@ class LocalRegistry:
         return self._register(name, info.model_uri, run.info.run_id, alias)
 
     def log_pyfunc(self, name: str, python_model: Any, *, input_example: Any = None,
-                   alias: str | None = None, model_config: dict[str, Any] | None = None) -> str:
+                   alias: str | None = None, model_config: dict[str, Any] | None = None,
+                   signature: Any = None) -> str:
         import mlflow.pyfunc
 
         with self._logging() as run:
             info = mlflow.pyfunc.log_model(name="model", python_model=python_model,
                                            input_example=input_example,
-                                           model_config=model_config)
+                                           model_config=model_config, signature=signature)
         return self._register(name, info.model_uri, run.info.run_id, alias)
 
     def _register(self, name: str, model_uri: str, run_id: str, alias: str | None) -> str:

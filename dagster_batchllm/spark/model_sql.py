@@ -39,21 +39,31 @@ def scoring_model(ai: Any, arguments: dict[str, Any]) -> str | None:
 def scoring_expression(ai: Any, model: str, arguments: dict[str, Any]) -> Any:
     from pyspark.sql.functions import pandas_udf
 
-    from ..core.mlflow_models import resolve_models
+    from ..core.mlflow_models import resolve_models, single_required_input
 
-    request = arguments["request"]
-    kind = request.dataType()
-    if kind.typeName() != "struct":
-        raise InferenceConfigError(
-            f"ai_query: '{model}' is a custom model: pass its features as "
-            f"named_struct('feature', value, ...), got a {kind.simpleString()} request")
-    names = [str(n) for n in kind.fieldNames()]
-    declared = constant(arguments["returnType"]) if "returnType" in arguments else None
-    result_type = parse_type(str(declared)).ddl().lower() if declared else "string"
-    fail = "failOnError" not in arguments or constant(arguments["failOnError"]) is not False
     models = resolve_models(ai.settings, [model])
     if models[model].error:
         raise InferenceConfigError(f"ai_query: {models[model].error}")
+    request = arguments["request"]
+    kind = request.dataType()
+    jvm = ai.spark._jvm
+    if kind.typeName() == "struct":
+        names = [str(n) for n in kind.fieldNames()]
+    else:  # one plain value: the model's one required input (the seed's ai_query form)
+        single = single_required_input(models[model])
+        if single is None:
+            raise InferenceConfigError(
+                f"ai_query: '{model}' is a custom model that takes its inputs by name: pass "
+                f"named_struct('feature', value, ...), got a {kind.simpleString()} request")
+        names = [single]
+        expressions = jvm.org.apache.spark.sql.catalyst.expressions
+        string_type = getattr(getattr(jvm.org.apache.spark.sql.types, "StringType$"), "MODULE$")
+        name = expressions.Literal(jvm.org.apache.spark.unsafe.types.UTF8String.fromString(
+            single), string_type)
+        request = expressions.CreateNamedStruct(_seq(jvm, [name, request]))
+    declared = constant(arguments["returnType"]) if "returnType" in arguments else None
+    result_type = parse_type(str(declared)).ddl().lower() if declared else "string"
+    fail = "failOnError" not in arguments or constant(arguments["failOnError"]) is not False
     call = PredictCall(input_columns=tuple(names), model=model, output_column="prediction",
                        partition_key=ai.partition_key or "", scope=ai.scope or "")
     job = ModelJob(settings=ai.worker_settings, call=call, models=tuple(models.items()),
@@ -61,8 +71,11 @@ def scoring_expression(ai: Any, model: str, arguments: dict[str, Any]) -> Any:
     output = result_type if fail else \
         f"struct<{RESULT_FIELD}: {result_type}, {ERROR_FIELD}: string>"
     udf = pandas_udf(scalar_function(job, names), output).asNondeterministic()
-    jvm = ai.spark._jvm
-    items = jvm.java.util.ArrayList()
-    items.add(request)
-    return udf._unwrapped._judf.builder(
-        jvm.scala.jdk.javaapi.CollectionConverters.asScala(items).toSeq())
+    return udf._unwrapped._judf.builder(_seq(jvm, [request]))
+
+
+def _seq(jvm: Any, items: list[Any]) -> Any:
+    listed = jvm.java.util.ArrayList()
+    for item in items:
+        listed.add(item)
+    return jvm.scala.jdk.javaapi.CollectionConverters.asScala(listed).toSeq()

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from ..core.errors import InferenceConfigError
-from ..core.mlflow_models import IN_PROCESS, load_model, looks_like_uri, resolve_models
+from ..core.mlflow_models import looks_like_uri, resolve_models, single_required_input
 
 
 def is_scoring_model(settings: Any, name: str) -> bool:
@@ -88,19 +88,10 @@ def _as_reply(value: Any) -> Any:
 
 
 async def _single_input(client: Any, model: str) -> str | None:
-    """The name of the model's only input (from its signature), or None."""
+    """The name of the model's only required input (from its signature), or None."""
     import asyncio
 
     resolved = (await asyncio.to_thread(resolve_models, client.settings, [model]))[model]
     if resolved.error:
         raise InferenceConfigError(f"ai_query: {resolved.error}")
-    if resolved.kind != IN_PROCESS:
-        return None
-    pyfunc = await asyncio.to_thread(load_model, resolved)
-    try:
-        schema = pyfunc.metadata.get_input_schema()
-    except Exception:
-        return None
-    if schema is None or not schema.has_input_names() or len(schema.inputs) != 1:
-        return None
-    return schema.inputs[0].name
+    return await asyncio.to_thread(single_required_input, resolved)

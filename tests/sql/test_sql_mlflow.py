@@ -112,3 +112,18 @@ def test_the_seeds_plain_request_goes_to_the_models_only_input(tmp_path):
         out = execute(con, """SELECT input_text, ai_query('my_registered_model', input_text)
                               AS prediction FROM my_input_table""", dialect="databricks").df()
     assert out["prediction"].tolist() == labels
+
+
+def test_the_documented_struct_request_reaches_the_custom_model(mlflow_registry, qa_bot_models,
+                                                                tmp_path):
+    from dagster_batchllm.simulator.mlflow_pyfunc import QA_PASSAGES
+    from dagster_batchllm.sql.documented import EXAMPLES
+
+    example = next(e for e in EXAMPLES if e.name == "ai_query: a STRUCT request")
+    settings = InferenceSettings(endpoints=(), store_url=f"sqlite:///{tmp_path / 'l.db'}",
+                                 **qa_bot_models)
+    with InferenceClient(settings) as client:
+        con = duckdb.connect()
+        register_ai_functions(con, client)
+        [(answer,)] = execute(con, example.sql, dialect="databricks").fetchall()
+    assert answer == QA_PASSAGES[1]  # the passage about Dolly 2.0
