@@ -174,9 +174,32 @@ def predictions_list(predictions: Any, rows: int) -> list[Any]:
     if isinstance(predictions, dict) and "predictions" in predictions:
         predictions = predictions["predictions"]
     if isinstance(predictions, np.ndarray):
+        if predictions.ndim == 1 and predictions.dtype.kind in "biuf":
+            return predictions.tolist()  # already plain Python numbers
         return [plain_value(v) for v in predictions.tolist()]
     if isinstance(predictions, list):
         return [plain_value(v) for v in predictions]
     raise MalformedResponseError(
         f"the model returned {type(predictions).__name__}, not one prediction per row "
         f"({rows} rows)")
+
+
+def predict_isolating_errors(pyfunc: Any, frame: Any, name: str
+                             ) -> tuple[list[Any], list[str | None]]:
+    """One pyfunc ``predict`` of ``frame`` (a plain vectorized call, as ``spark_udf`` makes);
+    where the model rejects it, halves are scored again until each bad row fails alone with the
+    model's reason: (prediction or None, ``"<error_type>: <reason>"`` or None) per row. For
+    callers that keep no ledger (``model_udf(..., use_ledger=False)``)."""
+    rows = len(frame)
+    try:
+        return predictions_list(pyfunc.predict(frame), rows), [None] * rows
+    except MalformedResponseError as exc:
+        return [None] * rows, [exc.as_cell()] * rows
+    except Exception as exc:
+        if rows == 1:
+            error = InvalidInputError(f"model '{name}' rejected the input: {short_error(exc)}")
+            return [None], [error.as_cell()]
+    half = rows // 2
+    first = predict_isolating_errors(pyfunc, frame.iloc[:half], name)
+    second = predict_isolating_errors(pyfunc, frame.iloc[half:], name)
+    return first[0] + second[0], first[1] + second[1]

@@ -15,8 +15,9 @@ from typing import Any
 
 import pandas as pd
 
-from ..core.mlflow_models import ResolvedModel
+from ..core.mlflow_models import IN_PROCESS, ResolvedModel, load_model
 from ..core.predict import PredictCall
+from ..core.scoring import predict_isolating_errors
 from ..core.settings import InferenceSettings
 from .worker import client_for
 
@@ -33,12 +34,20 @@ class ModelJob:
     result_type: str = "double"
     fail_on_error: bool = False
     run_id: str | None = None
+    #: Keep every prediction in the ledger (a rerun scores nothing again); False: score each
+    #: batch with one plain predict() as spark_udf does, a rejected row still failing alone.
+    use_ledger: bool = True
 
     def score(self, frame: pd.DataFrame) -> tuple[list[Any], list[str | None]]:
-        client = client_for(self.settings)
-        result = client.predict(frame, self.call, models=dict(self.models), run_id=self.run_id)
-        values = [_as_type(v, self.result_type) for v in result.df[result.output_column]]
-        errors = result.df[result.error_column].tolist()
+        if self.use_ledger:
+            client = client_for(self.settings)
+            result = client.predict(frame, self.call, models=dict(self.models),
+                                    run_id=self.run_id)
+            outputs = result.df[result.output_column]
+            errors = result.df[result.error_column].tolist()
+        else:
+            outputs, errors = self._score_directly(frame)
+        values = [_as_type(v, self.result_type) for v in outputs]
         if self.fail_on_error:
             failed = [e for e in errors if e is not None]
             if failed:
@@ -46,6 +55,47 @@ class ModelJob:
                                    f"{failed[0]} (the answered rows are in the ledger; "
                                    "fail_on_error=False keeps errors as data)")
         return values, errors
+
+
+    def _score_directly(self, frame: pd.DataFrame) -> tuple[list[Any], list[str | None]]:
+        models = dict(self.models)
+        n = len(frame)
+        names = ([self.call.model] * n if self.call.model is not None
+                 else frame[self.call.model_column].tolist())
+        outputs: list[Any] = [None] * n
+        errors: list[str | None] = [None] * n
+        features = frame[list(self.call.input_columns)]
+        for name in dict.fromkeys(names):
+            rows = [i for i, m in enumerate(names) if m == name]
+            model = models.get(name) if isinstance(name, str) else None
+            problem = _unusable(name, model, self.call.model_column)
+            if problem is None:
+                try:
+                    pyfunc = load_model(model)
+                except Exception as exc:
+                    problem = f"unsupported_model: model '{name}' could not be loaded: {exc}"
+            if problem is not None:
+                for i in rows:
+                    errors[i] = problem
+                continue
+            values, failed = predict_isolating_errors(
+                pyfunc, features.iloc[rows].reset_index(drop=True), name)
+            for i, value, error in zip(rows, values, failed, strict=True):
+                outputs[i], errors[i] = value, error
+        return outputs, errors
+
+
+def _unusable(name: Any, model: ResolvedModel | None, column: str | None) -> str | None:
+    if name is None or (isinstance(name, float) and name != name):
+        return f"invalid_input: model column '{column}' is empty"
+    if model is None:
+        return f"unsupported_model: unknown model '{name}'"
+    if model.error:
+        return f"unsupported_model: {model.error}"
+    if model.kind != IN_PROCESS:
+        return (f"unsupported_model: '{name}' is served; use_ledger=False scores in-process "
+                "models only")
+    return None
 
 
 def _as_type(value: Any, result_type: str) -> Any:

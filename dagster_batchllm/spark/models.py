@@ -42,7 +42,8 @@ _BUCKET = "_batchllm_bucket"
 
 
 def _job(spark: Any, llm: Any, call: PredictCall, refs: list[str], *, result_type: str,
-         fail_on_error: bool, run_id: str | None, task_slots: int | None) -> ModelJob:
+         fail_on_error: bool, run_id: str | None, task_slots: int | None,
+         use_ledger: bool = True) -> ModelJob:
     """The executors' job: models resolved here (a model ``call.model`` names that cannot be
     used raises now), endpoint limits split over the task slots."""
     settings = as_settings(llm)
@@ -53,7 +54,8 @@ def _job(spark: Any, llm: Any, call: PredictCall, refs: list[str], *, result_typ
     settings = split_for_slots(settings, slots).replace(coordinate_runs=False)
     align_worker_python(spark)
     return ModelJob(settings=settings, call=call, models=tuple(models.items()),
-                    result_type=result_type, fail_on_error=fail_on_error, run_id=run_id)
+                    result_type=result_type, fail_on_error=fail_on_error, run_id=run_id,
+                    use_ledger=use_ledger)
 
 
 def _output_type(result_type: str, fail_on_error: bool) -> str:
@@ -64,10 +66,15 @@ def _output_type(result_type: str, fail_on_error: bool) -> str:
 def model_udf(spark: Any, model: str, llm: Any, *, result_type: str = "double",
               fail_on_error: bool = False, rows_per_request: int | None = None,
               partition_key: str | None = None, scope: str | None = None,
-              run_id: str | None = None, task_slots: int | None = None):
+              run_id: str | None = None, task_slots: int | None = None,
+              use_ledger: bool = True):
     """A function of feature columns giving the model's prediction column, like the UDF
     ``mlflow.pyfunc.spark_udf(spark, model_uri, result_type)`` returns. The columns passed
-    (names or Columns) are the model's features, named as the columns are."""
+    (names or Columns) are the model's features, named as the columns are.
+
+    ``use_ledger=False`` keeps nothing: each Arrow batch is one plain ``predict`` (as
+    spark_udf's), a rejected row still failing alone; for cheap models where the ledger's
+    bookkeeping per row (about 100 us) would cost more than the model, and reruns are cheap."""
     from pyspark.sql import Column
     from pyspark.sql import functions as F
     from pyspark.sql.functions import pandas_udf
@@ -81,7 +88,8 @@ def model_udf(spark: Any, model: str, llm: Any, *, result_type: str = "double",
                            rows_per_request=rows_per_request, partition_key=partition_key or "",
                            scope=scope or "")
         job = _job(spark, llm, call, [model], result_type=result_type,
-                   fail_on_error=fail_on_error, run_id=run_id, task_slots=task_slots)
+                   fail_on_error=fail_on_error, run_id=run_id, task_slots=task_slots,
+                   use_ledger=use_ledger)
         udf = pandas_udf(scalar_function(job, names),
                          _output_type(result_type, fail_on_error)).asNondeterministic()
         return udf(F.struct(*[c.alias(n) for c, n in zip(cols, names, strict=True)]))
@@ -101,9 +109,10 @@ def predict_grouped(df: Any, *, model_column: str, input_columns: list[str], llm
                     fail_on_error: bool = False, buckets_per_model: int = 1,
                     rows_per_request: int | None = None, partition_key: str | None = None,
                     scope: str | None = None, run_id: str | None = None,
-                    task_slots: int | None = None) -> Any:
+                    task_slots: int | None = None, use_ledger: bool = True) -> Any:
     """``df`` plus ``output_column``: each row scored by the model its ``model_column`` names,
-    through ``groupBy(model_column).applyInPandas``; rows are never dropped."""
+    through ``groupBy(model_column).applyInPandas``; rows are never dropped.
+    ``use_ledger``: as for :func:`model_udf`."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructField, StructType, _parse_datatype_string
 
@@ -121,7 +130,8 @@ def predict_grouped(df: Any, *, model_column: str, input_columns: list[str], llm
                        output_column="prediction", rows_per_request=rows_per_request,
                        partition_key=partition_key or "", scope=scope or "")
     job = _job(df.sparkSession, llm, call, [str(r) for r in refs], result_type=result_type,
-               fail_on_error=fail_on_error, run_id=run_id, task_slots=task_slots)
+               fail_on_error=fail_on_error, run_id=run_id, task_slots=task_slots,
+               use_ledger=use_ledger)
     output_type = _parse_datatype_string(_output_type(result_type, fail_on_error))
     schema = StructType([*df.schema.fields, StructField(output_column, output_type, True)])
     keys, drop = [model_column], ()

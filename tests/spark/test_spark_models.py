@@ -63,12 +63,18 @@ def test_model_udf_matches_mlflow_spark_udf_row_for_row(spark, settings, mlflow_
     again = df.withColumn("p", model_udf(spark, "risk", settings)(*FEATURES))
     assert again.where("p.errorMessage IS NULL").count() == 600  # from the ledger, same rows
 
+    plain = df.withColumn("p", model_udf(spark, "risk", settings, use_ledger=False)(*FEATURES))
+    plain = plain.select("row_id", "p.result").toPandas().merge(seed, on="row_id")
+    assert plain["result"].tolist() == plain["prediction"].tolist()
 
-def test_a_row_the_model_rejects_fails_alone_in_spark(spark, settings):
+
+@pytest.mark.parametrize("use_ledger", [True, False])
+def test_a_row_the_model_rejects_fails_alone_in_spark(spark, settings, use_ledger):
     frame = _frame(50, seed=42).astype({"f1": object})
     frame.loc[10, "f1"] = None  # LogisticRegression rejects a missing value
     df = spark.createDataFrame(frame, "row_id long, f1 double, f2 double").coalesce(1)
-    out = df.withColumn("p", model_udf(spark, "risk", settings)("f1", "f2")).toPandas()
+    predict = model_udf(spark, "risk", settings, use_ledger=use_ledger)
+    out = df.withColumn("p", predict("f1", "f2")).toPandas()
     errors = out.set_index("row_id")["p"].map(lambda p: p["errorMessage"])
     assert errors.notna().tolist() == [i == 10 for i in range(50)]
     assert errors[10].startswith("invalid_input: model 'risk' rejected the input")
