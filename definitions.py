@@ -6,12 +6,14 @@ import os
 
 import dagster as dg
 
+from assets.documents import document_assets, invoices
+from assets.embeddings import embedding_assets, transcript_embeddings
 from assets.ml_models import ml_assets, predicted_actions_alias_sensor
 from assets.partitions import daily_partitions
 from assets.pipeline import classified_transcripts, pipeline_assets, transcript_summaries
 from assets.sql_pipeline import sql_assets
 from dagster_batchllm import build_new_data_sensor, build_retry_partitions_sensor
-from resources import build_resources, describe_llm
+from resources import build_resources, describe_llm, serves_embeddings
 from resources.warehouse import PARTITION_COLUMN, SOURCE_TABLE
 
 call_center_job = dg.define_asset_job(
@@ -30,6 +32,7 @@ llm = resources["llm"]
 
 
 INFERENCE_KEYS = {transcript_summaries.key, classified_transcripts.key}
+INFERENCE_KEYS.add(invoices.key)  # the documents pipeline's fields (assets/documents.py)
 
 
 def _as_configured(spec: dg.AssetSpec) -> dg.AssetSpec:
@@ -44,6 +47,7 @@ def _as_configured(spec: dg.AssetSpec) -> dg.AssetSpec:
 
 
 pipeline_assets = dg.map_asset_specs(_as_configured, pipeline_assets)
+document_assets = dg.map_asset_specs(_as_configured, document_assets)
 _by_key = {a.key: a for a in pipeline_assets}
 transcript_summaries = _by_key[transcript_summaries.key]
 classified_transcripts = _by_key[classified_transcripts.key]
@@ -66,6 +70,11 @@ new_calls = build_new_data_sensor(
 )
 
 extra_assets: list = []
+extra_sensors: list = []
+if serves_embeddings(llm):  # the embedded default does; real endpoints once one is named
+    extra_assets += embedding_assets
+    extra_sensors.append(build_retry_partitions_sensor(
+        transcript_embeddings, resource=llm, job=call_center_job, max_rounds=3))
 if os.environ.get("BATCHLLM_ENABLE_SPARK", "").lower() in ("1", "true", "yes"):
     # The Spark variant of the summaries (ai_query in Spark SQL over Parquet). Opt-in: it needs
     # pyspark and a JVM, and starting Spark is slow for a code location that does not use it.
@@ -73,7 +82,7 @@ if os.environ.get("BATCHLLM_ENABLE_SPARK", "").lower() in ("1", "true", "yes"):
 
     from assets.spark_pipeline import spark_assets
 
-    extra_assets = list(spark_assets)
+    extra_assets += list(spark_assets)
     resources["pyspark"] = PySparkResource(spark_config={
         "spark.master": os.environ.get("BATCHLLM_SPARK_MASTER", "local[2]"),
         "spark.ui.enabled": "false",
@@ -81,9 +90,10 @@ if os.environ.get("BATCHLLM_ENABLE_SPARK", "").lower() in ("1", "true", "yes"):
     })
 
 defs = dg.Definitions(
-    assets=[*pipeline_assets, *sql_assets, *ml_assets, *extra_assets],
+    assets=[*pipeline_assets, *sql_assets, *document_assets, *ml_assets, *extra_assets],
     jobs=[call_center_job],
     schedules=[daily_schedule],
-    sensors=[retry_summaries, retry_classifications, new_calls, predicted_actions_alias_sensor],
+    sensors=[retry_summaries, retry_classifications, new_calls, predicted_actions_alias_sensor,
+             *extra_sensors],
     resources=resources,
 )

@@ -39,6 +39,8 @@ _LAZY = {
     "BatchLLMError": "dagster_batchllm.core.errors",
     "InferenceConfigError": "dagster_batchllm.core.errors",
     "ErrorType": "dagster_batchllm.core.errors",
+    "build_embedding_asset": "dagster_batchllm.embedding_asset",
+    "EmbedCall": "dagster_batchllm.core.embed_call",
 }
 
 __all__ = [
@@ -66,17 +68,21 @@ __all__ = [
     "build_scoring_asset",
     "build_model_version_asset",
     "build_model_alias_sensor",
+    "EmbedCall",
+    "build_embedding_asset",
 ]
 
 if TYPE_CHECKING:
     from .asset_factory import build_inference_asset
     from .components.inference import BatchInferenceComponent
     from .core.client import InferenceClient
+    from .core.embed_call import EmbedCall
     from .core.errors import BatchLLMError, ErrorType, InferenceConfigError
     from .core.ledger import Ledger
     from .core.predict import PredictionResult
     from .core.results import InferenceEstimate, InferenceResult, InferenceStats
     from .core.settings import EndpointSpec, InferenceSettings
+    from .embedding_asset import build_embedding_asset
     from .metadata import stats_metadata
     from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, MlflowModel, ModelPrice
     from .scoring_assets import (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -16,6 +17,7 @@ from pydantic import Field, PrivateAttr
 from .context import read_context
 from .core.call import InferenceCall
 from .core.client import InferenceClient
+from .core.embed_call import EmbedCall
 from .core.errors import InferenceConfigError
 from .core.results import InferenceEstimate, InferenceResult
 from .core.settings import DESCRIPTION, EndpointSpec, InferenceSettings, MlflowModelSpec
@@ -27,7 +29,9 @@ def _declared(spec: type, name: str) -> Any:
     with that field's default and description: the spec is their one home."""
     source = _SPEC_FIELDS[spec][name]
     options: dict[str, Any] = {"description": source.metadata[DESCRIPTION]}
-    if source.default is not dataclasses.MISSING:
+    if isinstance(source.default, tuple):  # config lists are lists; the specs' are tuples
+        options["default_factory"] = functools.partial(list, source.default)
+    elif source.default is not dataclasses.MISSING:
         options["default"] = source.default
     elif source.default_factory is not dataclasses.MISSING:
         options["default_factory"] = source.default_factory
@@ -82,6 +86,7 @@ class Endpoint(dg.Config):
     requests_per_minute: int | None = _declared(EndpointSpec, "requests_per_minute")
     rate_limit_window_s: float = _declared(EndpointSpec, "rate_limit_window_s")
     max_context_tokens: int | None = _declared(EndpointSpec, "max_context_tokens")
+    embedding_models: list[str] = _declared(EndpointSpec, "embedding_models")
     protocol: Literal["openai", "mlflow"] = _declared(EndpointSpec, "protocol")
 
     def to_spec(self) -> EndpointSpec:
@@ -318,6 +323,22 @@ class BatchInferenceResource(dg.ConfigurableResource):
         :class:`~dagster_batchllm.core.predict.PredictionResult` (``.models`` says which
         version each model name resolved to)."""
         return self.client.predict(df, call, **_context_kwargs(context, call, kwargs))
+    def embed(self, df: Any, call: EmbedCall | None = None, /, *, context: Any = None,
+              **kwargs: Any) -> InferenceResult:
+        """One float32 vector (1-D numpy array) per row of ``df`` from a model of an
+        Endpoint's ``embedding_models``; failures are data in ``<output>_error``.
+
+        Arguments: ``input`` (a template, e.g. ``"{title}: {body}"``) or ``input_column``;
+        ``model``; ``output_column`` (default ``embedding``); ``dimensions``;
+        ``inputs_per_request`` (64); ``max_request_tokens``; ``token_budget``. These are the
+        fields of :class:`~dagster_batchllm.core.embed_call.EmbedCall`. ``context=`` as for
+        :meth:`infer`. The dry run is ``estimate(df, ..., task="embed")``.
+        """
+        return self.client.embed(df, call, **_context_kwargs(context, call, kwargs))
+
+    async def aembed(self, df: Any, call: EmbedCall | None = None, /, *, context: Any = None,
+                     **kwargs: Any) -> InferenceResult:
+        return await self.client.aembed(df, call, **_context_kwargs(context, call, kwargs))
 
     @property
     def ledger(self):
@@ -351,7 +372,7 @@ def _with_field_defaults(schema: ConfigField, values: dict[str, Any]) -> ConfigF
                        description=schema.description)
 
 
-def _context_kwargs(context: Any, call: InferenceCall | None,
+def _context_kwargs(context: Any, call: InferenceCall | EmbedCall | None,
                     kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's keywords with what the context says filled in, where neither the keywords
     nor the call say it already."""

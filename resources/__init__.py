@@ -6,6 +6,8 @@ and no network. To use real LLM servers instead:
 
     export BATCHLLM_ENDPOINTS=http://10.0.0.5:8000/v1,http://10.0.0.6:8000/v1   # vLLM, TGI, ...
     export BATCHLLM_MODEL=meta-llama/Llama-3.1-70B-Instruct
+    export BATCHLLM_EMBEDDING_MODEL=bge-large  # optional: served on /v1/embeddings by them,
+                                           # for transcript_embeddings (else that asset is left out)
     export BATCHLLM_API_KEY=...            # optional, read at run time, never logged
     export BATCHLLM_MAX_CONCURRENCY=64     # per endpoint
     export BATCHLLM_TOKENS_PER_MINUTE=2000000  # optional, per endpoint
@@ -23,7 +25,7 @@ import os
 import dagster as dg
 
 from dagster_batchllm import BatchInferenceResource, Endpoint, ManagedEndpoint, ModelPrice
-from dagster_batchllm.managed.classical import LOCAL_MODELS
+from dagster_batchllm.managed.classical import EMBEDDING_MODELS, LOCAL_MODELS
 from dagster_batchllm.managed.classical.models import ALIAS
 
 from .mlflow_registry import REGISTRY_URI, example_mlflow_models
@@ -33,7 +35,7 @@ EMBEDDED_MODEL = ALIAS
 # The embedded models run on this machine: they cost nothing per token.
 EMBEDDED_PRICES = [ModelPrice(model=m, usd_per_1m_prompt_tokens=0.0,
                               usd_per_1m_completion_tokens=0.0)
-                   for m in (ALIAS, *LOCAL_MODELS)]
+                   for m in (ALIAS, *LOCAL_MODELS, *EMBEDDING_MODELS)]
 
 
 def build_llm_resource() -> BatchInferenceResource:
@@ -57,11 +59,13 @@ def build_llm_resource() -> BatchInferenceResource:
     concurrency = int(os.environ.get("BATCHLLM_MAX_CONCURRENCY", "32"))
     tpm = os.environ.get("BATCHLLM_TOKENS_PER_MINUTE")
     api_key = dg.EnvVar("BATCHLLM_API_KEY") if os.environ.get("BATCHLLM_API_KEY") else None
+    embedding = os.environ.get("BATCHLLM_EMBEDDING_MODEL")
     return BatchInferenceResource(
         endpoints=[
             Endpoint(name=f"endpoint-{i}", base_url=url, models=[model],
                      max_concurrency=concurrency, api_key=api_key,
-                     tokens_per_minute=int(tpm) if tpm else None)
+                     tokens_per_minute=int(tpm) if tpm else None,
+                     embedding_models=[embedding] if embedding else [])
             for i, url in enumerate(urls)
         ],
         default_model=model,
@@ -69,6 +73,12 @@ def build_llm_resource() -> BatchInferenceResource:
         prices=_prices_from_environment(model),
         mlflow_models=example_mlflow_models(), mlflow_registry_uri=REGISTRY_URI,
     )
+
+
+def serves_embeddings(llm: BatchInferenceResource) -> bool:
+    """Whether the configured endpoints serve an embedding model (the embedded default does;
+    real ones when BATCHLLM_EMBEDDING_MODEL names one), so the embeddings assets can run."""
+    return bool(llm.managed_endpoints) or any(e.embedding_models for e in llm.endpoints)
 
 
 def _prices_from_environment(model: str) -> list[ModelPrice]:
@@ -117,4 +127,4 @@ def build_resources() -> dict[str, object]:
 
 
 __all__ = ["WarehouseIOManager", "WarehouseResource", "build_llm_resource", "build_resources",
-           "describe_llm"]
+           "describe_llm", "serves_embeddings"]

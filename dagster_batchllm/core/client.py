@@ -16,6 +16,8 @@ from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
 from .call import InferenceCall
+from .embed_call import EmbedCall
+from .embed_client import embed_frame, estimate_embeddings
 from .engine import InferenceRun, estimate_cost
 from .errors import InferenceConfigError, RowError
 from .ledger import Ledger
@@ -137,9 +139,14 @@ class InferenceClient:
                                statuses=statuses,
                                request_keys=frozenset(run.keys) if run.keys is not None else None)
 
-    def estimate(self, df: Any, call: InferenceCall | None = None, /,
-                 **call_fields: Any) -> InferenceEstimate:
-        """A dry run of ``infer`` with the same arguments: nothing is sent."""
+    def estimate(self, df: Any, call: InferenceCall | EmbedCall | None = None, /,
+                 task: str = "chat", **call_fields: Any) -> InferenceEstimate:
+        """A dry run of ``infer`` (or, with ``task="embed"`` or an ``EmbedCall``, of
+        ``embed``) with the same arguments: nothing is sent."""
+        if task == "embed" or isinstance(call, EmbedCall):
+            return estimate_embeddings(self, df, call, call_fields)
+        if task != "chat":
+            raise InferenceConfigError(f"task must be 'chat' or 'embed', got {task!r}")
         call = self._bind(df, call, call_fields)
         rows = row_tuples(df[call.input_columns()])
         distinct: dict[str, Any] = {}
@@ -190,6 +197,19 @@ class InferenceClient:
 
         return await apredict(self, df, predict_call(call, call_fields), run_id=run_id,
                               logger=logger, supersede_stale=supersede_stale, models=models)
+    def embed(self, df: Any, call: EmbedCall | None = None, /, **kwargs: Any
+              ) -> InferenceResult:
+        """Sync door to :meth:`aembed`."""
+        return run_sync(self.aembed(df, call, **kwargs))
+
+    async def aembed(self, df: Any, call: EmbedCall | None = None, /, **kwargs: Any
+                     ) -> InferenceResult:
+        """One float32 vector (a 1-D numpy array) per row of ``df``; failures are data in the
+        error column. ``call`` (an :class:`~.embed_call.EmbedCall`) or its fields as keywords:
+        ``input=`` (a template) or ``input_column=``, ``model=``, ``output_column=``,
+        ``dimensions=``, ``inputs_per_request=`` ...; and ``run_id``, ``supersede_stale``,
+        ``collect_keys``, ``logger`` as for :meth:`ainfer`."""
+        return await embed_frame(self, df, call, **kwargs)
 
     def _bind(self, df: Any, call: InferenceCall | None,
               call_fields: Mapping[str, Any]) -> InferenceCall:

@@ -60,7 +60,8 @@ class EndpointSpec:
     name: str = described("A unique name, used in logs, metadata and the ledger.")
     base_url: str = described(
         "The OpenAI-compatible base URL, usually ending in /v1, e.g. http://10.0.0.5:8000/v1.")
-    models: tuple[str, ...] = described("The model names this endpoint serves.")
+    models: tuple[str, ...] = described(
+        "The model names this endpoint serves on /chat/completions.", ())
     max_concurrency: int = described("Most requests in flight to this endpoint at once.", 32)
     api_key: str | None = described(
         "Bearer token; pass dg.EnvVar('NAME'). Never logged or shown.", None, repr=False)
@@ -73,6 +74,9 @@ class EndpointSpec:
         "shorter windows spread requests more evenly.", 60.0)
     max_context_tokens: int | None = described(
         "The model's context length; longer prompts fail as rows before sending.", None)
+    embedding_models: tuple[str, ...] = described(
+        "The model names this endpoint serves on /embeddings (for embed()), e.g. bge-large.",
+        ())
     protocol: str = described(
         "What the server speaks: 'openai' (chat completions below base_url) or 'mlflow' "
         "(MLflow's scoring protocol, POST <base_url>/invocations, as `mlflow models serve` and "
@@ -86,8 +90,9 @@ class EndpointSpec:
                 f"Endpoint '{self.name}': base_url must start with http:// or https:// "
                 f"(got {self.base_url!r}); for vLLM it usually ends with /v1."
             )
-        if not self.models:
-            raise ValueError(f"Endpoint '{self.name}': list at least one model it serves.")
+        if not self.models and not self.embedding_models:
+            raise ValueError(f"Endpoint '{self.name}': list at least one model it serves "
+                             "(models=[...], or embedding_models=[...] for embeddings).")
         if self.max_concurrency < 1:
             raise ValueError(f"Endpoint '{self.name}': max_concurrency must be at least 1.")
         if self.rate_limit_window_s <= 0:
@@ -95,6 +100,11 @@ class EndpointSpec:
         if self.protocol not in ENDPOINT_PROTOCOLS:
             raise ValueError(f"Endpoint '{self.name}': protocol must be one of "
                              f"{list(ENDPOINT_PROTOCOLS)}, got {self.protocol!r}.")
+
+    @property
+    def served_models(self) -> tuple[str, ...]:
+        """Every model it serves, chat and embedding: what the pool routes by."""
+        return tuple(dict.fromkeys(self.models + self.embedding_models))
 
     @property
     def chat_url(self) -> str:
@@ -181,6 +191,10 @@ class InferenceSettings:
         """The models predict() can use: in-process MLflow models and MLflow-served ones."""
         return frozenset([m.name for m in self.mlflow_models]
                          + [m for e in self.endpoints if e.protocol == "mlflow" for m in e.models])
+
+    @property
+    def embedding_models(self) -> frozenset[str]:
+        return frozenset(m for e in self.endpoints for m in e.embedding_models)
 
     @property
     def model_when_unnamed(self) -> str | None:

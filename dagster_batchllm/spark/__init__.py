@@ -74,6 +74,7 @@ Example::
 
 from ..ai_functions.outcomes import AIQueryError
 from .columns import ai_query_col
+from .embeddings import embed_col
 from .grouped import infer_grouped
 from .job import RESULT_STRUCT_DDL, BudgetRef, SparkJob, split_for_slots
 from .models import model_udf, predict_grouped
@@ -92,6 +93,7 @@ __all__ = [
     "SparkJob",
     "ai_query_col",
     "cache_info",
+    "embed_col",
     "infer_grouped",
     "model_udf",
     "predict_grouped",

@@ -47,9 +47,12 @@ def _spec_default(spec_field: dataclasses.Field):
 
 
 def _config_default(config_field):
+    """As the spec holds it: config lists are the specs' tuples."""
     if config_field.default_factory is not None:
-        return config_field.default_factory()
-    return config_field.default
+        value = config_field.default_factory()
+    else:
+        value = config_field.default
+    return tuple(value) if isinstance(value, list) else value
 
 
 @pytest.mark.parametrize(("config_class", "spec", "config_only", "spec_only"), PAIRS)
@@ -88,11 +91,11 @@ def test_to_settings_and_to_spec_copy_every_field(tmp_path):
     endpoint = Endpoint(name="gpu-a", base_url="http://127.0.0.1:9/v1", models=["m1", "m2"],
                         max_concurrency=3, api_key="k", tokens_per_minute=100,
                         requests_per_minute=10, rate_limit_window_s=5.0,
-                        max_context_tokens=2048, protocol="mlflow")
+                        max_context_tokens=2048, embedding_models=["e1"], protocol="mlflow")
     assert endpoint.to_spec() == EndpointSpec(
         name="gpu-a", base_url="http://127.0.0.1:9/v1", models=("m1", "m2"), max_concurrency=3,
         api_key="k", tokens_per_minute=100, requests_per_minute=10, rate_limit_window_s=5.0,
-        max_context_tokens=2048, protocol="mlflow")
+        max_context_tokens=2048, embedding_models=("e1",), protocol="mlflow")
     mlflow_model = MlflowModel(name="risk", model_uri="models:/risk@champion",
                                registry_uri="sqlite:///r.db", rows_per_batch=7)
     assert mlflow_model.to_spec() == MlflowModelSpec(
