@@ -26,6 +26,7 @@ from dagster_batchllm import (
     build_model_version_asset,
     build_scoring_asset,
 )
+from dagster_batchllm.core.mlflow_models import mlflow_uris
 from resources.mlflow_registry import ACTION_MODEL as MODEL
 from resources.mlflow_registry import ARTIFACTS_URI, MLFLOW_DIR, REGISTRY_URI
 from resources.warehouse import DATASET
@@ -80,14 +81,16 @@ def _register(client, experiment_id: str, name: str, model, example: pd.DataFram
     import mlflow
     import mlflow.sklearn
 
-    with mlflow.start_run(experiment_id=experiment_id, run_name=name):
-        mlflow.log_metric("training_accuracy", accuracy)
-        info = mlflow.sklearn.log_model(
-            model, name="model", input_example=example,
-            serialization_format=mlflow.sklearn.SERIALIZATION_FORMAT_CLOUDPICKLE)
-    if not client.search_registered_models(filter_string=f"name = '{name}'"):
-        client.create_registered_model(name)
-    version = client.create_model_version(name, info.model_uri, run_id=info.run_id).version
+    # The registry's URI for this block only (mlflow.set_tracking_uri would also export it).
+    with mlflow_uris(REGISTRY_URI):
+        with mlflow.start_run(experiment_id=experiment_id, run_name=name):
+            mlflow.log_metric("training_accuracy", accuracy)
+            info = mlflow.sklearn.log_model(
+                model, name="model", input_example=example,
+                serialization_format=mlflow.sklearn.SERIALIZATION_FORMAT_CLOUDPICKLE)
+        if not client.search_registered_models(filter_string=f"name = '{name}'"):
+            client.create_registered_model(name)
+        version = client.create_model_version(name, info.model_uri, run_id=info.run_id).version
     client.set_registered_model_alias(name, "champion", version)
     return str(version)
 
@@ -98,12 +101,9 @@ def _register(client, experiment_id: str, name: str, model, example: pd.DataFram
           "the local MLflow registry and points its `champion` alias at the new version.")
 def action_required_models(context: dg.AssetExecutionContext) -> pd.DataFrame:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    import mlflow
     from mlflow import MlflowClient
 
     os.makedirs(MLFLOW_DIR, exist_ok=True)
-    mlflow.set_tracking_uri(REGISTRY_URI)
-    mlflow.set_registry_uri(REGISTRY_URI)
     client = MlflowClient(REGISTRY_URI, REGISTRY_URI)
     experiment = client.get_experiment_by_name("call_center_models")
     experiment_id = experiment.experiment_id if experiment else client.create_experiment(

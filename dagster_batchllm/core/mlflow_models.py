@@ -135,7 +135,7 @@ def _pin(base: ResolvedModel, uri: str) -> ResolvedModel:
 _loaded: dict[str, Any] = {}
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
-_uri_lock = threading.Lock()  # MLflow's tracking/registry URI is process-wide
+_uri_lock = threading.RLock()  # MLflow's tracking/registry URI is process-wide
 #: Loads per model identity in this process (a Spark worker's own count).
 load_counts: Counter[str] = Counter()
 
@@ -152,7 +152,7 @@ def load_model(model: ResolvedModel) -> Any:
         if found is None:
             import mlflow.pyfunc
 
-            with _registry(model.registry_uri):
+            with mlflow_uris(model.registry_uri):
                 found = mlflow.pyfunc.load_model(model.uri)
             _loaded[model.identity] = found
             load_counts[model.identity] += 1
@@ -160,22 +160,36 @@ def load_model(model: ResolvedModel) -> Any:
 
 
 @contextlib.contextmanager
-def _registry(uri: str | None):
-    """MLflow's process-wide tracking and registry URI set to ``uri`` while a model loads."""
+def mlflow_uris(uri: str | None):
+    """MLflow's process-wide tracking and registry URI set to ``uri`` for the block, then put
+    back exactly as they were, environment included: ``mlflow.set_registry_uri`` also exports
+    ``MLFLOW_REGISTRY_URI``, which would otherwise outlive the block and send every later
+    subprocess (and the user's own ``mlflow`` calls) to this registry."""
     if uri is None:
         yield
         return
     import mlflow
+    from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service import utils as tracking_utils
 
     with _uri_lock:
-        tracking, registry = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+        saved = (getattr(tracking_utils, "_tracking_uri", None),
+                 getattr(registry_utils, "_registry_uri", None),
+                 {name: os.environ.get(name) for name in _URI_VARIABLES})
         mlflow.set_tracking_uri(uri)
         mlflow.set_registry_uri(uri)
         try:
             yield
         finally:
-            mlflow.set_tracking_uri(tracking)
-            mlflow.set_registry_uri(registry)
+            tracking_utils._tracking_uri, registry_utils._registry_uri = saved[0], saved[1]
+            for name, value in saved[2].items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+_URI_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
 
 
 def input_problem(pyfunc_model: Any, columns: list[str]) -> str | None:

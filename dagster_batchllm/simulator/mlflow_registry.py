@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,14 @@ class LocalRegistry:
             experiment, artifact_location=(self.root / "artifacts").as_uri())
         self._mlflow = mlflow
 
+    @contextlib.contextmanager
     def _logging(self):
-        mlflow = self._mlflow
-        mlflow.set_tracking_uri(self.uri)
-        mlflow.set_registry_uri(self.uri)
-        return mlflow.start_run(experiment_id=self.experiment_id)
+        """A run of this registry, MLflow's process-wide URIs put back afterwards."""
+        from ..core.mlflow_models import mlflow_uris
+
+        with mlflow_uris(self.uri), self._mlflow.start_run(
+                experiment_id=self.experiment_id) as run:
+            yield run
 
     def log_sklearn(self, name: str, model: Any, *, input_example: Any,
                     alias: str | None = None) -> str:
@@ -62,9 +66,12 @@ class LocalRegistry:
         return self._register(name, info.model_uri, run.info.run_id, alias)
 
     def _register(self, name: str, model_uri: str, run_id: str, alias: str | None) -> str:
+        from ..core.mlflow_models import mlflow_uris
+
         if not self.client.search_registered_models(filter_string=f"name = '{name}'"):
             self.client.create_registered_model(name)
-        version = self.client.create_model_version(name, model_uri, run_id=run_id).version
+        with mlflow_uris(self.uri):  # a logged model's source is looked up where it was logged
+            version = self.client.create_model_version(name, model_uri, run_id=run_id).version
         if alias:
             self.client.set_registered_model_alias(name, alias, version)
         return str(version)
@@ -78,10 +85,11 @@ class LocalRegistry:
 
     def local_path(self, name: str, version: str, dest: str | os.PathLike) -> str:
         """A version's model downloaded into ``dest`` (a plain folder with its MLmodel)."""
-        self._mlflow.set_tracking_uri(self.uri)
-        self._mlflow.set_registry_uri(self.uri)
-        return self._mlflow.artifacts.download_artifacts(
-            artifact_uri=f"models:/{name}/{version}", dst_path=str(dest))
+        from ..core.mlflow_models import mlflow_uris
+
+        with mlflow_uris(self.uri):
+            return self._mlflow.artifacts.download_artifacts(
+                artifact_uri=f"models:/{name}/{version}", dst_path=str(dest))
 
 
 # -- models the tests and benchmarks share ------------------------------------------------------

@@ -136,6 +136,21 @@ def test_a_moved_alias_scores_under_the_new_version_and_keeps_the_old_answers(
     assert back.stats.cached == 200 and back.df["p"].tolist() == expected(1, frame)
 
 
+def test_scoring_leaves_mlflows_process_settings_as_they_were(scoring, monkeypatch):
+    import os
+
+    import mlflow
+
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///somewhere-else.db")
+    before = mlflow.get_tracking_uri()
+    client = scoring(("risk", "models:/risk/2"))
+    client.predict(feature_frame(5), model="risk", input_columns=FEATURES)
+    assert "MLFLOW_REGISTRY_URI" not in os.environ
+    assert os.environ["MLFLOW_TRACKING_URI"] == "sqlite:///somewhere-else.db"
+    assert mlflow.get_tracking_uri() == before
+
+
 def test_each_model_is_loaded_once_per_process(scoring):
     client = scoring(("risk", "models:/risk@champion"))
     for seed in range(3):

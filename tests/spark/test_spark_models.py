@@ -41,16 +41,16 @@ def _frame(rows: int, seed: int) -> pd.DataFrame:
     return frame
 
 
-def test_model_udf_matches_mlflow_spark_udf_row_for_row(spark, settings, mlflow_registry,
-                                                        monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_registry.uri)
-    mlflow.set_tracking_uri(mlflow_registry.uri)
-    mlflow.set_registry_uri(mlflow_registry.uri)
+def test_model_udf_matches_mlflow_spark_udf_row_for_row(spark, settings, mlflow_registry):
+    from dagster_batchllm.core.mlflow_models import mlflow_uris
+
     df = spark.createDataFrame(_frame(600, seed=41)).repartition(3)
 
-    # The seed's pattern, as the document writes it (over the feature columns).
-    predict_udf = mlflow.pyfunc.spark_udf(spark, model_uri="models:/risk/1",
-                                          env_manager="local")
+    # The seed's pattern, as the document writes it (over the feature columns); spark_udf
+    # downloads the model here and ships it to the executors.
+    with mlflow_uris(mlflow_registry.uri):
+        predict_udf = mlflow.pyfunc.spark_udf(spark, model_uri="models:/risk/1",
+                                              env_manager="local")
     seed = df.withColumn("prediction", predict_udf(*FEATURES)).toPandas()
 
     ours = df.withColumn("prediction", model_udf(spark, "risk", settings)(*FEATURES))
