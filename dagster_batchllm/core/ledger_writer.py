@@ -24,9 +24,6 @@ import tenacity
 from .journal import AnswerJournal
 from .ledger import OK, Ledger, redact_url
 
-# How long ledger writes may keep failing before the run gives up (a database restart or a
-# network cut of a minute pauses the run; longer fails it, and the journal keeps the answers).
-LEDGER_OUTAGE_S = 120.0
 _WARN_EVERY_S = 10.0  # while writes fail, one warning per this many seconds
 # Other failures (a full disk, a bad record) are not waited out: after this many in a row the
 # run stops sending.
@@ -50,8 +47,10 @@ class LedgerUnwritable(Exception):
 class LedgerWriter:
     def __init__(self, ledger: Ledger, *, room: int, interval_s: float,
                  on_written: Callable[[list[str]], None], log: Any,
-                 journal: AnswerJournal | None = None, outage_s: float = LEDGER_OUTAGE_S):
+                 outage_s: float, journal: AnswerJournal | None = None):
         """``on_written(keys)`` runs on the writing thread after each successful write;
+        ``outage_s``: how long writes may keep failing while the database is away (a restart
+        or a network cut pauses the run; longer fails it, and the journal keeps the answers);
         ``journal`` gets each paid-for answer as it is added."""
         self.ledger = ledger
         self.journal = journal
@@ -176,6 +175,8 @@ class LedgerWriter:
             exc.add_note(f"batchllm: the ledger database {self.where} could not be written; the "
                          f"{len(records)} outcomes not written are answered from the journal "
                          "by the next run")
+            if self.error is not None:  # the run gave up on the database already: say why
+                raise self.error from exc
             raise
 
     def _write(self, records: list[dict[str, Any]], keys: list[str]) -> None:
