@@ -201,6 +201,10 @@ class BatchInferenceResource(dg.ConfigurableResource):
     ledger_flush_rows: int = _declared(InferenceSettings, "ledger_flush_rows")
     ledger_flush_interval_s: float = _declared(InferenceSettings, "ledger_flush_interval_s")
     progress_interval_s: float = _declared(InferenceSettings, "progress_interval_s")
+    endpoint_unreachable_after_s: float = _declared(InferenceSettings,
+                                                    "endpoint_unreachable_after_s")
+    ledger_outage_s: float = _declared(InferenceSettings, "ledger_outage_s")
+    ledger_statement_timeout_s: float = _declared(InferenceSettings, "ledger_statement_timeout_s")
 
     _client: InferenceClient | None = PrivateAttr(default=None)
     _log: Any = PrivateAttr(default=None)
