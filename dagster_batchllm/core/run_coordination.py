@@ -88,7 +88,8 @@ class RunCoordination(Generic[Item]):
             except Exception as exc:  # a busy database delays a heartbeat; shares stay as they are
                 if failing % max(1, round(_WARN_EVERY_S / self.interval_s)) == 0:
                     self.log.warning(f"batchllm: run coordination heartbeat failed"
-                                     f"{f' ({failing + 1} in a row)' if failing else ''}: {exc}")
+                                     f"{f' ({failing + 1} in a row)' if failing else ''}: "
+                                     f"{type(exc).__name__}: {str(exc)[:300]}")
                 failing += 1
 
     async def claim(self, keys: list[str]) -> set[str]:
