@@ -138,6 +138,22 @@ def _shut_down(fd: int) -> None:
 
 
 _WATCHDOG = _Watchdog()
+_THIS_THREAD = threading.local()  # .cap: a shorter deadline for this thread's round trips
+
+
+@contextlib.contextmanager
+def round_trips_at_most(timeout_s: float | None) -> Iterator[None]:
+    """Round trips made on this thread inside the block get at most ``timeout_s`` (a stopping
+    run's last write must not wait the whole deadline); None changes nothing."""
+    if timeout_s is None:
+        yield
+        return
+    previous = getattr(_THIS_THREAD, "cap", None)
+    _THIS_THREAD.cap = timeout_s if previous is None else min(previous, timeout_s)
+    try:
+        yield
+    finally:
+        _THIS_THREAD.cap = previous
 
 
 def bound_round_trips(engine: sa.Engine, timeout_s: float) -> None:
@@ -160,7 +176,8 @@ def _bounded(method: Callable, connection_of: Callable, timeout_s: float,
         fd = _fileno(connection_of(first))
         if fd is None:
             return method(first, *args, **kwargs)
-        with _WATCHDOG.guard(fd, timeout_s, what):
+        cap = getattr(_THIS_THREAD, "cap", None)
+        with _WATCHDOG.guard(fd, timeout_s if cap is None else min(cap, timeout_s), what):
             return method(first, *args, **kwargs)
 
     return bounded

@@ -21,6 +21,7 @@ from typing import Any
 
 import tenacity
 
+from .db_timeouts import round_trips_at_most
 from .journal import AnswerJournal
 from .ledger import OK, Ledger, redact_url
 
@@ -163,13 +164,15 @@ class LedgerWriter:
         limit = self.outage_s if within_s is None else within_s
         if self._failing_since is not None:
             limit = max(0.0, limit - (time.monotonic() - self._failing_since))
+        # On a stop (within_s) no single round trip may wait past the stop's own bound.
+        round_trip_cap = None if within_s is None else max(0.5, within_s)
         try:
             for attempt in tenacity.Retrying(
                 stop=tenacity.stop_after_delay(limit),
                 wait=tenacity.wait_exponential(multiplier=0.1, max=2.0),
                 retry=tenacity.retry_if_exception(database_away), reraise=True,
             ):
-                with attempt:
+                with attempt, round_trips_at_most(round_trip_cap):
                     self._write(records, keys)
         except Exception as exc:
             exc.add_note(f"batchllm: the ledger database {self.where} could not be written; the "

@@ -9,7 +9,7 @@ import traceback
 import pytest
 import sqlalchemy as sa
 
-from dagster_batchllm.core.db_timeouts import libpq_connect_args
+from dagster_batchllm.core.db_timeouts import libpq_connect_args, round_trips_at_most
 from dagster_batchllm.core.ledger import Ledger
 
 
@@ -55,4 +55,19 @@ def test_a_statement_left_unanswered_past_the_deadline_fails_and_the_next_one_wo
     finally:
         with ledger.engine.begin() as conn:
             conn.execute(sa.text("DROP TABLE IF EXISTS deadline_check"))
+        ledger.dispose()
+
+
+@pytest.mark.postgres
+def test_a_stopping_run_caps_the_deadline_of_its_own_thread(postgres_url):
+    ledger = Ledger(postgres_url, "deadline_cap_check")  # the default deadline: 30 s
+    try:
+        started = time.monotonic()
+        with pytest.raises(sa.exc.OperationalError), round_trips_at_most(0.5), \
+                ledger.engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_sleep(5)"))
+        assert time.monotonic() - started < 3
+    finally:
+        with ledger.engine.begin() as conn:
+            conn.execute(sa.text("DROP TABLE IF EXISTS deadline_cap_check"))
         ledger.dispose()
