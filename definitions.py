@@ -6,11 +6,22 @@ import os
 
 import dagster as dg
 
+from assets.documents import document_assets, invoices
+from assets.embeddings import embedding_assets, transcript_embeddings
 from assets.partitions import daily_partitions
-from assets.pipeline import classified_transcripts, pipeline_assets, transcript_summaries
+from assets.pipeline import (
+    BATCH_MODE,
+    classified_transcripts,
+    pipeline_assets,
+    transcript_summaries,
+)
 from assets.sql_pipeline import sql_assets
-from dagster_batchllm import build_new_data_sensor, build_retry_partitions_sensor
-from resources import build_resources, describe_llm
+from dagster_batchllm import (
+    build_batch_collect_sensor,
+    build_new_data_sensor,
+    build_retry_partitions_sensor,
+)
+from resources import build_resources, describe_llm, serves_embeddings
 from resources.warehouse import PARTITION_COLUMN, SOURCE_TABLE
 
 call_center_job = dg.define_asset_job(
@@ -29,6 +40,7 @@ llm = resources["llm"]
 
 
 INFERENCE_KEYS = {transcript_summaries.key, classified_transcripts.key}
+INFERENCE_KEYS.add(invoices.key)  # the documents pipeline's fields (assets/documents.py)
 
 
 def _as_configured(spec: dg.AssetSpec) -> dg.AssetSpec:
@@ -43,6 +55,7 @@ def _as_configured(spec: dg.AssetSpec) -> dg.AssetSpec:
 
 
 pipeline_assets = dg.map_asset_specs(_as_configured, pipeline_assets)
+document_assets = dg.map_asset_specs(_as_configured, document_assets)
 _by_key = {a.key: a for a in pipeline_assets}
 transcript_summaries = _by_key[transcript_summaries.key]
 classified_transcripts = _by_key[classified_transcripts.key]
@@ -64,7 +77,20 @@ new_calls = build_new_data_sensor(
     cursor_column="ingest_id", partition_column=PARTITION_COLUMN,
 )
 
+# With BATCHLLM_BATCH_API=1 BATCHLLM_BATCH_WAIT=0 a run ends once its batches are submitted;
+# this sensor runs the day again (summaries and classifications) when they end.
+batch_sensors = [] if BATCH_MODE.get("wait", True) else [
+    build_batch_collect_sensor(transcript_summaries, resource=llm,
+                               also_materialize=[classified_transcripts]),
+    build_batch_collect_sensor(classified_transcripts, resource=llm),
+]
+
 extra_assets: list = []
+extra_sensors: list = []
+if serves_embeddings(llm):  # the embedded default does; real endpoints once one is named
+    extra_assets += embedding_assets
+    extra_sensors.append(build_retry_partitions_sensor(
+        transcript_embeddings, resource=llm, job=call_center_job, max_rounds=3))
 if os.environ.get("BATCHLLM_ENABLE_SPARK", "").lower() in ("1", "true", "yes"):
     # The Spark variant of the summaries (ai_query in Spark SQL over Parquet). Opt-in: it needs
     # pyspark and a JVM, and starting Spark is slow for a code location that does not use it.
@@ -72,7 +98,7 @@ if os.environ.get("BATCHLLM_ENABLE_SPARK", "").lower() in ("1", "true", "yes"):
 
     from assets.spark_pipeline import spark_assets
 
-    extra_assets = list(spark_assets)
+    extra_assets += list(spark_assets)
     resources["pyspark"] = PySparkResource(spark_config={
         "spark.master": os.environ.get("BATCHLLM_SPARK_MASTER", "local[2]"),
         "spark.ui.enabled": "false",
@@ -80,9 +106,10 @@ if os.environ.get("BATCHLLM_ENABLE_SPARK", "").lower() in ("1", "true", "yes"):
     })
 
 defs = dg.Definitions(
-    assets=[*pipeline_assets, *sql_assets, *extra_assets],
+    assets=[*pipeline_assets, *sql_assets, *document_assets, *extra_assets],
     jobs=[call_center_job],
     schedules=[daily_schedule],
-    sensors=[retry_summaries, retry_classifications, new_calls],
+    sensors=[retry_summaries, retry_classifications, new_calls, *extra_sensors,
+             *batch_sensors],
     resources=resources,
 )

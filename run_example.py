@@ -17,6 +17,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 # The executable assets of group call_center (the raw source table is an external asset).
 PIPELINE = ("cleaned_transcripts", "transcript_summaries", "classified_transcripts")
+# Where an embedding model is served (the embedded default's local-embedder, or one named by
+# BATCHLLM_EMBEDDING_MODEL): the transcripts' vectors and the similar calls they find.
+EMBEDDINGS = ("transcript_embeddings", "similar_high_risk_calls")
+
+
+def _with_embeddings(env: dict[str, str]) -> bool:
+    return not env.get("BATCHLLM_ENDPOINTS") or bool(env.get("BATCHLLM_EMBEDDING_MODEL"))
 
 
 def main() -> int:
@@ -34,13 +41,14 @@ def main() -> int:
     dagster = Path(sys.executable).with_name("dagster")
     # Asset keys rather than group:call_center, whose selection path warns about a beta option.
     command = [str(dagster), "asset", "materialize", "-f", "definitions.py",
-               "--select", ",".join(PIPELINE), "--partition", args.partition]
+               "--select", ",".join(PIPELINE + (EMBEDDINGS if _with_embeddings(env) else ())),
+               "--partition", args.partition]
     print("$", " ".join(command[1:]), flush=True)
     completed = subprocess.run(command, cwd=ROOT, env=env)
     if completed.returncode != 0:
         print(f"dagster asset materialize failed (exit {completed.returncode})", file=sys.stderr)
         return completed.returncode
-    show_results(args.partition)
+    show_results(args.partition, similar_calls=_with_embeddings(env))
     return 0
 
 
@@ -54,7 +62,7 @@ def _example_instance(home: Path) -> None:
                           "folder.\ntelemetry:\n  enabled: false\n")
 
 
-def show_results(partition: str) -> None:
+def show_results(partition: str, similar_calls: bool = False) -> None:
     import pandas as pd
 
     sys.path.insert(0, str(ROOT))
@@ -78,7 +86,21 @@ def show_results(partition: str) -> None:
     if len(failed):
         print("\nPer-row errors are data, not crashes:")
         print(failed.to_string(index=False))
+    if similar_calls:
+        show_similar_calls(partition)
     print("\nOpen the UI: .venv/bin/dagster dev -w workspace.yaml  (http://127.0.0.1:3000)")
+
+
+def show_similar_calls(partition: str) -> None:
+    from resources import build_resources
+
+    similar = build_resources()["warehouse"].read_partition("similar_high_risk_calls", partition)
+    print(f"\ntranscript_embeddings -> similar_high_risk_calls: for {similar.call_id.nunique()} "
+          "High-risk calls, the most similar earlier calls of the day (DuckDB, "
+          "list_cosine_similarity):")
+    columns = ["call_id", "action_required", "similarity_rank", "similar_call_id",
+               "similar_action_required", "similarity"]
+    print(similar[columns].head(6).round(3).to_string(index=False))
 
 
 if __name__ == "__main__":

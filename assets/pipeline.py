@@ -1,6 +1,7 @@
 """cleaned -> inferred -> classified: the Databricks batch-inference example as Dagster assets."""
 
 
+import os
 import re
 import warnings
 from typing import Any
@@ -52,7 +53,17 @@ SUMMARY_PROMPT = "Summarize this call transcript: {transcript_text}"
 
 
 # What both inference assets are: a table of calls per day, answered deterministically.
+# Off by default: BATCHLLM_BATCH_API=1 (see resources/) sends both inference assets through the
+# endpoints' offline batch API at about half the price, each run waiting for its batches;
+# BATCHLLM_BATCH_WAIT=0 ends the run once they are submitted, and the batch-collect sensor
+# (definitions.py) runs the day again when they end.
+BATCH_MODE = (dict(mode="batch_api",
+                   wait=os.environ.get("BATCHLLM_BATCH_WAIT", "1").lower() not in ("0", "false"))
+              if os.environ.get("BATCHLLM_BATCH_API", "").lower() in ("1", "true", "yes")
+              else {})
+
 DAILY_CALL_TABLE = dict(
+    **BATCH_MODE,
     temperature=0.0,
     partitions_def=daily_partitions,
     partition_column="call_date",  # a single-run backfill records each day under its own key

@@ -19,6 +19,7 @@ _LAZY = {
     "BatchInferenceComponent": "dagster_batchllm.components.inference",
     "build_retry_partitions_sensor": "dagster_batchllm.sensors",
     "build_new_data_sensor": "dagster_batchllm.sensors",
+    "build_batch_collect_sensor": "dagster_batchllm.sensors",
     "stats_metadata": "dagster_batchllm.metadata",
     "BatchInferenceResource": "dagster_batchllm.resource",
     "Endpoint": "dagster_batchllm.resource",
@@ -34,6 +35,8 @@ _LAZY = {
     "BatchLLMError": "dagster_batchllm.core.errors",
     "InferenceConfigError": "dagster_batchllm.core.errors",
     "ErrorType": "dagster_batchllm.core.errors",
+    "build_embedding_asset": "dagster_batchllm.embedding_asset",
+    "EmbedCall": "dagster_batchllm.core.embed_call",
 }
 
 __all__ = [
@@ -50,24 +53,30 @@ __all__ = [
     "InferenceSettings",
     "InferenceStats",
     "Ledger",
+    "build_batch_collect_sensor",
     "build_inference_asset",
     "build_new_data_sensor",
     "build_retry_partitions_sensor",
     "stats_metadata",
     "ManagedEndpoint",
     "ModelPrice",
+    "EmbedCall",
+    "build_embedding_asset",
 ]
 
 if TYPE_CHECKING:
     from .asset_factory import build_inference_asset
     from .components.inference import BatchInferenceComponent
     from .core.client import InferenceClient
+    from .core.embed_call import EmbedCall
     from .core.errors import BatchLLMError, ErrorType, InferenceConfigError
     from .core.ledger import Ledger
     from .core.results import InferenceEstimate, InferenceResult, InferenceStats
     from .core.settings import EndpointSpec, InferenceSettings
+    from .embedding_asset import build_embedding_asset
     from .metadata import stats_metadata
     from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, ModelPrice
+    from .sensors.batches import build_batch_collect_sensor
     from .sensors.retry_partitions import build_new_data_sensor, build_retry_partitions_sensor
 
 

@@ -10,12 +10,14 @@ import dagster as dg
 
 from .checks import check_events, inference_check_results, inference_check_specs
 from .context import read_context
+from .core.batch_mode import check_mode
 from .core.call import InferenceCall
 from .core.errors import InferenceConfigError
 from .core.ledger import validate_identifier
 from .core.results import InferenceResult, InferenceStats
 from .metadata import (
     answer_figures,
+    batch_figures,
     column_schema,
     failed_rows_table,
     row_figures,
@@ -50,6 +52,8 @@ def build_inference_asset(
     preview_rows: int = 5,
     key_columns: Sequence[str] | None = None,
     asset_attributes: Mapping[str, Any] | None = None,
+    mode: str = "online",
+    wait: bool = True,
     **call_fields: Any,
 ) -> dg.AssetsDefinition:
     """Build a software-defined asset that runs batch inference over an upstream table.
@@ -77,6 +81,11 @@ def build_inference_asset(
     ``owners``, ``metadata``, ``deps``, ``code_version``, ``automation_condition``,
     ``freshness_policy``. ``group_name=`` ... ``owners=`` are the same attributes as keywords.
 
+    ``mode="batch_api"`` sends the rows through the provider's offline batch API (an endpoint
+    with ``batch_api=True``) at its batch price; with ``wait=False`` a run returns once the
+    batches are submitted, its rows deferred, and ``build_batch_collect_sensor`` launches the
+    partition again when its batches end (that run collects, submitting nothing).
+
     Example::
 
         import dagster as dg
@@ -100,6 +109,7 @@ def build_inference_asset(
     try:
         validate_identifier(name, "name")
         call = InferenceCall.of(call, **call_fields)
+        check_mode(mode, wait)
     except InferenceConfigError as exc:
         raise dg.DagsterInvalidDefinitionError(f"{where}: {exc}") from None
     _check_definition(
@@ -125,7 +135,9 @@ def build_inference_asset(
         kinds=set(attributes.get("kinds") or {"batchllm", "pandas"}),
         tags=dict(attributes.get("tags") or {}),
         owners=list(attributes["owners"]) if attributes.get("owners") else None,
-        metadata={**attributes.get("metadata", {}), "batchllm/output_column": output_column},
+        metadata={**attributes.get("metadata", {}), "batchllm/output_column": output_column,
+                  **({"batchllm/mode": mode, "batchllm/wait": wait} if mode != "online"
+                     else {})},
         # Every request key changes with it: Dagster then calls the asset and its downstream
         # unsynced. An explicit code_version (e.g. from asset_attributes) is the user's call.
         code_version=attributes.get("code_version") or call.code_version,
@@ -160,7 +172,7 @@ def build_inference_asset(
             # longer asks for (its input changed) are retired and stop marking it for retry.
             inferred[key] = (frame, llm.infer(frame, call, context=context, partition_key=key,
                                               supersede_stale=key is not None,
-                                              collect_keys=True))
+                                              collect_keys=True, mode=mode, wait=wait))
         frames = [result.df for _, result in inferred.values()]
         table = _concat_in_order(frames) if _POSITION in frames[0].columns else frames[0]
         if schema_fields:
@@ -170,6 +182,7 @@ def build_inference_asset(
 
         schema = column_schema(table, *_column_docs(call, schema_fields, source_table.columns))
         settings = llm.client.settings
+        price_for = settings.batch_price_for if mode == "batch_api" else settings.price_for
         # Every partition of the run gets its own figures, also one without input rows.
         keys = list(read_context(context).partition_keys) or [None]
         metadata_by_key, checks = {}, []
@@ -184,8 +197,9 @@ def build_inference_asset(
             metadata_by_key[key] = {
                 **row_figures(stats),
                 **({"batchllm/failed_rows": failed} if failed is not None else {}),
-                **run_figures(stats, settings.price_for),
-                **answer_figures(answers, settings.price_for),
+                **run_figures(stats, price_for),
+                **batch_figures(stats),
+                **answer_figures(answers, price_for),
                 **table_figures(rows_out, preview_rows, schema=schema),
             }
             checks.append((key, inference_check_results(
@@ -193,7 +207,7 @@ def build_inference_asset(
                 warn_failed_rate=warn_failed_rate, error_failed_rate=error_failed_rate,
                 failed_rows=failed)))
             context.log.info(summary_line(
-                name, key, stats, answers, settings.price_for,
+                name, key, stats, answers, price_for,
                 models_named=_models_named(call, settings.model_when_unnamed)))
         if len(keys) == 1:
             yield dg.Output(table, metadata=metadata_by_key[keys[0]])

@@ -115,6 +115,20 @@ def errors_table(errors_by_type: Mapping[str, int]) -> dg.TableMetadataValue:
     return dg.MetadataValue.table(records, schema)
 
 
+def batch_figures(stats: InferenceStats) -> dict[str, Any]:
+    """For a run through a batch API: what the same tokens cost online, and the saving
+    (``batchllm/run/cost_usd`` is at the batch price)."""
+    if stats.mode != "batch_api":
+        return {}
+    metadata: dict[str, Any] = {"batchllm/run/mode": stats.mode}
+    if stats.online_cost_usd is not None:
+        metadata["batchllm/run/online_cost_usd"] = stats.online_cost_usd
+        if stats.estimated_cost_usd is not None:
+            metadata["batchllm/run/batch_saving_usd"] = round(
+                stats.online_cost_usd - stats.estimated_cost_usd, 6)
+    return metadata
+
+
 def run_figures(stats: InferenceStats, price_for: PriceFor | None = None) -> dict[str, Any]:
     """What this run sent and paid."""
     metadata: dict[str, Any] = {
@@ -316,7 +330,7 @@ def stats_metadata(stats: InferenceStats, df: Any | None = None, preview_rows: i
     """Metadata for a materialization from a call's figures: its rows and what the run paid
     (``price_for``: a model's prices, e.g. ``llm.client.settings.price_for``, for the cost
     per model; without it the total the client priced)."""
-    metadata = {**row_figures(stats), **run_figures(stats, price_for)}
+    metadata = {**row_figures(stats), **run_figures(stats, price_for), **batch_figures(stats)}
     if df is not None:
         metadata.update(table_figures(df, preview_rows))
     return metadata

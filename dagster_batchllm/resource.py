@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -16,6 +17,7 @@ from pydantic import Field, PrivateAttr
 from .context import read_context
 from .core.call import InferenceCall
 from .core.client import InferenceClient
+from .core.embed_call import EmbedCall
 from .core.errors import InferenceConfigError
 from .core.results import InferenceEstimate, InferenceResult
 from .core.settings import DESCRIPTION, EndpointSpec, InferenceSettings
@@ -27,7 +29,9 @@ def _declared(spec: type, name: str) -> Any:
     with that field's default and description: the spec is their one home."""
     source = _SPEC_FIELDS[spec][name]
     options: dict[str, Any] = {"description": source.metadata[DESCRIPTION]}
-    if source.default is not dataclasses.MISSING:
+    if isinstance(source.default, tuple):  # config lists are lists; the specs' are tuples
+        options["default_factory"] = functools.partial(list, source.default)
+    elif source.default is not dataclasses.MISSING:
         options["default"] = source.default
     elif source.default_factory is not dataclasses.MISSING:
         options["default_factory"] = source.default_factory
@@ -81,6 +85,10 @@ class Endpoint(dg.Config):
     requests_per_minute: int | None = _declared(EndpointSpec, "requests_per_minute")
     rate_limit_window_s: float = _declared(EndpointSpec, "rate_limit_window_s")
     max_context_tokens: int | None = _declared(EndpointSpec, "max_context_tokens")
+    embedding_models: list[str] = _declared(EndpointSpec, "embedding_models")
+    batch_api: bool = _declared(EndpointSpec, "batch_api")
+    max_requests_per_batch: int = _declared(EndpointSpec, "max_requests_per_batch")
+    max_bytes_per_batch: int = _declared(EndpointSpec, "max_bytes_per_batch")
 
     def to_spec(self) -> EndpointSpec:
         return EndpointSpec(**_spec_values(self, EndpointSpec))
@@ -110,6 +118,24 @@ class ModelPrice(dg.Config):
     model: str = Field(description="The model name, as in Endpoint.models.")
     usd_per_1m_prompt_tokens: float = Field(description="USD per million prompt tokens.")
     usd_per_1m_completion_tokens: float = Field(description="USD per million completion tokens.")
+    batch_discount: float = Field(
+        default=0.5, description="The batch API's price as a share of the online price "
+        "(OpenAI, Together, Groq, Mistral: 0.5), where no batch prices are given.")
+    usd_per_1m_batch_prompt_tokens: float | None = Field(
+        default=None, description="USD per million prompt tokens through the batch API.")
+    usd_per_1m_batch_completion_tokens: float | None = Field(
+        default=None, description="USD per million completion tokens through the batch API.")
+
+    def as_settings(self) -> tuple[str, float, float, float, float]:
+        """(model, prompt, completion, batch prompt, batch completion) USD per 1M tokens."""
+        batch_prompt = (self.usd_per_1m_batch_prompt_tokens
+                        if self.usd_per_1m_batch_prompt_tokens is not None
+                        else self.usd_per_1m_prompt_tokens * self.batch_discount)
+        batch_completion = (self.usd_per_1m_batch_completion_tokens
+                            if self.usd_per_1m_batch_completion_tokens is not None
+                            else self.usd_per_1m_completion_tokens * self.batch_discount)
+        return (self.model, self.usd_per_1m_prompt_tokens, self.usd_per_1m_completion_tokens,
+                batch_prompt, batch_completion)
 
 
 # The settings fields that are not copied by name: to_settings() builds each from these
@@ -201,6 +227,8 @@ class BatchInferenceResource(dg.ConfigurableResource):
     ledger_flush_rows: int = _declared(InferenceSettings, "ledger_flush_rows")
     ledger_flush_interval_s: float = _declared(InferenceSettings, "ledger_flush_interval_s")
     progress_interval_s: float = _declared(InferenceSettings, "progress_interval_s")
+    batch_poll_initial_s: float = _declared(InferenceSettings, "batch_poll_initial_s")
+    batch_poll_max_s: float = _declared(InferenceSettings, "batch_poll_max_s")
     endpoint_unreachable_after_s: float = _declared(InferenceSettings,
                                                     "endpoint_unreachable_after_s")
     ledger_outage_s: float = _declared(InferenceSettings, "ledger_outage_s")
@@ -225,10 +253,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
         return InferenceSettings(
             endpoints=tuple(e.to_spec() for e in self.endpoints)
             + tuple(r.spec for r in self._running),
-            model_prices=tuple(
-                (p.model, p.usd_per_1m_prompt_tokens, p.usd_per_1m_completion_tokens)
-                for p in self.prices
-            ),
+            model_prices=tuple(p.as_settings() for p in self.prices),
             **_spec_values(self, InferenceSettings, converted=SETTINGS_BUILT_FROM),
         )
 
@@ -272,7 +297,9 @@ class BatchInferenceResource(dg.ConfigurableResource):
         ``prompt_column`` or ``messages_column``; optional ``system``; ``model`` or
         ``model_column``; ``output_column``; generation parameters (``max_tokens``,
         ``temperature``, ``top_p``, ``stop``, ``seed`` ...); ``response_format`` (a JSON schema:
-        replies are parsed and validated per row); ``token_budget``; ``partition_key``.
+        replies are parsed and validated per row); ``token_budget``; ``partition_key``;
+        ``mode="batch_api"`` (an endpoint's offline batch API, at its batch price) with
+        ``wait=True`` (poll until answered) or ``wait=False`` (return once submitted).
         These are the fields of :class:`~dagster_batchllm.core.call.InferenceCall`; pass one
         as ``call`` (the asset factory does) and keywords change it. Pass ``context=`` (an asset
         context) to record its run id, partition key and asset key in the ledger and log
@@ -288,6 +315,23 @@ class BatchInferenceResource(dg.ConfigurableResource):
                  **kwargs: Any) -> InferenceEstimate:
         """A dry run with the same arguments as :meth:`infer`: counts, tokens and cost."""
         return self.client.estimate(df, call, **kwargs)
+
+    def embed(self, df: Any, call: EmbedCall | None = None, /, *, context: Any = None,
+              **kwargs: Any) -> InferenceResult:
+        """One float32 vector (1-D numpy array) per row of ``df`` from a model of an
+        Endpoint's ``embedding_models``; failures are data in ``<output>_error``.
+
+        Arguments: ``input`` (a template, e.g. ``"{title}: {body}"``) or ``input_column``;
+        ``model``; ``output_column`` (default ``embedding``); ``dimensions``;
+        ``inputs_per_request`` (64); ``max_request_tokens``; ``token_budget``. These are the
+        fields of :class:`~dagster_batchllm.core.embed_call.EmbedCall`. ``context=`` as for
+        :meth:`infer`. The dry run is ``estimate(df, ..., task="embed")``.
+        """
+        return self.client.embed(df, call, **_context_kwargs(context, call, kwargs))
+
+    async def aembed(self, df: Any, call: EmbedCall | None = None, /, *, context: Any = None,
+                     **kwargs: Any) -> InferenceResult:
+        return await self.client.aembed(df, call, **_context_kwargs(context, call, kwargs))
 
     @property
     def ledger(self):
@@ -321,7 +365,7 @@ def _with_field_defaults(schema: ConfigField, values: dict[str, Any]) -> ConfigF
                        description=schema.description)
 
 
-def _context_kwargs(context: Any, call: InferenceCall | None,
+def _context_kwargs(context: Any, call: InferenceCall | EmbedCall | None,
                     kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's keywords with what the context says filled in, where neither the keywords
     nor the call say it already."""

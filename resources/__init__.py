@@ -6,11 +6,15 @@ and no network. To use real LLM servers instead:
 
     export BATCHLLM_ENDPOINTS=http://10.0.0.5:8000/v1,http://10.0.0.6:8000/v1   # vLLM, TGI, ...
     export BATCHLLM_MODEL=meta-llama/Llama-3.1-70B-Instruct
+    export BATCHLLM_EMBEDDING_MODEL=bge-large  # optional: served on /v1/embeddings by them,
+                                           # for transcript_embeddings (else that asset is left out)
     export BATCHLLM_API_KEY=...            # optional, read at run time, never logged
     export BATCHLLM_MAX_CONCURRENCY=64     # per endpoint
     export BATCHLLM_TOKENS_PER_MINUTE=2000000  # optional, per endpoint
     export BATCHLLM_USD_PER_1M_PROMPT_TOKENS=0.6 BATCHLLM_USD_PER_1M_COMPLETION_TOKENS=0.6
                                            # optional: the model's prices, for the cost figures
+    export BATCHLLM_BATCH_API=1            # optional: through the endpoints' offline batch API
+                                           # (OpenAI's Files + Batches), about half the price
 
 The embedded models are priced at zero (they run on this machine), so the cost figures are
 there from the first run; with real endpoints, set the prices above to see what a run costs.
@@ -23,7 +27,7 @@ import os
 import dagster as dg
 
 from dagster_batchllm import BatchInferenceResource, Endpoint, ManagedEndpoint, ModelPrice
-from dagster_batchllm.managed.classical import LOCAL_MODELS
+from dagster_batchllm.managed.classical import EMBEDDING_MODELS, LOCAL_MODELS
 from dagster_batchllm.managed.classical.models import ALIAS
 
 from .warehouse import DEFAULT_DATA_DIR, WarehouseIOManager, WarehouseResource
@@ -32,7 +36,7 @@ EMBEDDED_MODEL = ALIAS
 # The embedded models run on this machine: they cost nothing per token.
 EMBEDDED_PRICES = [ModelPrice(model=m, usd_per_1m_prompt_tokens=0.0,
                               usd_per_1m_completion_tokens=0.0)
-                   for m in (ALIAS, *LOCAL_MODELS)]
+                   for m in (ALIAS, *LOCAL_MODELS, *EMBEDDING_MODELS)]
 
 
 def build_llm_resource() -> BatchInferenceResource:
@@ -42,6 +46,10 @@ def build_llm_resource() -> BatchInferenceResource:
         "BATCHLLM_STORE_URL", f"sqlite:///{DEFAULT_DATA_DIR / 'batchllm_ledger.db'}"
     )
     if not urls:
+        if batch_api_enabled():
+            raise dg.DagsterInvalidConfigError(
+                "BATCHLLM_BATCH_API is set but BATCHLLM_ENDPOINTS is not: the embedded default "
+                "has no batch API; point BATCHLLM_ENDPOINTS at a provider that has one.", [], None)
         return BatchInferenceResource(
             managed_endpoints=[ManagedEndpoint(name="embedded", max_concurrency=16)],
             default_model=model, store_url=store_url, default_max_tokens=256,
@@ -55,17 +63,32 @@ def build_llm_resource() -> BatchInferenceResource:
     concurrency = int(os.environ.get("BATCHLLM_MAX_CONCURRENCY", "32"))
     tpm = os.environ.get("BATCHLLM_TOKENS_PER_MINUTE")
     api_key = dg.EnvVar("BATCHLLM_API_KEY") if os.environ.get("BATCHLLM_API_KEY") else None
+    embedding = os.environ.get("BATCHLLM_EMBEDDING_MODEL")
     return BatchInferenceResource(
         endpoints=[
             Endpoint(name=f"endpoint-{i}", base_url=url, models=[model],
                      max_concurrency=concurrency, api_key=api_key,
-                     tokens_per_minute=int(tpm) if tpm else None)
+                     tokens_per_minute=int(tpm) if tpm else None,
+                     embedding_models=[embedding] if embedding else [],
+                     batch_api=batch_api_enabled())
             for i, url in enumerate(urls)
         ],
         default_model=model,
         store_url=store_url,
         prices=_prices_from_environment(model),
     )
+
+
+def batch_api_enabled() -> bool:
+    """``BATCHLLM_BATCH_API=1``: the inference assets go through the endpoints' batch API (off
+    by default: it needs a provider that has one, which the embedded default is not)."""
+    return os.environ.get("BATCHLLM_BATCH_API", "").lower() in ("1", "true", "yes")
+
+
+def serves_embeddings(llm: BatchInferenceResource) -> bool:
+    """Whether the configured endpoints serve an embedding model (the embedded default does;
+    real ones when BATCHLLM_EMBEDDING_MODEL names one), so the embeddings assets can run."""
+    return bool(llm.managed_endpoints) or any(e.embedding_models for e in llm.endpoints)
 
 
 def _prices_from_environment(model: str) -> list[ModelPrice]:
@@ -113,5 +136,5 @@ def build_resources() -> dict[str, object]:
     }
 
 
-__all__ = ["WarehouseIOManager", "WarehouseResource", "build_llm_resource", "build_resources",
-           "describe_llm"]
+__all__ = ["WarehouseIOManager", "WarehouseResource", "batch_api_enabled", "build_llm_resource",
+           "build_resources", "describe_llm", "serves_embeddings"]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import numpy as np
 import pandas as pd
 import sqlalchemy as sa
 from pydantic import Field, PrivateAttr
@@ -135,14 +136,27 @@ def _with_partition_column(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _storable(df: pd.DataFrame) -> pd.DataFrame:
-    """SQLite stores text and numbers; dicts and lists (structured replies) become JSON."""
+    """SQLite stores text and numbers; dicts and lists (structured replies) become JSON,
+    numpy vectors (embeddings) BLOBs of little-endian float32 (``vector_from_blob`` reads
+    them back)."""
     out = df.copy()
     for column in out.columns:
         if out[column].dtype == object:
-            out[column] = out[column].map(
-                lambda v: json.dumps(v) if isinstance(v, dict | list) else v
-            )
+            out[column] = out[column].map(_storable_value)
     return out
+
+
+def _storable_value(value: Any) -> Any:
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    if isinstance(value, np.ndarray):
+        return value.astype("<f4").tobytes()
+    return value
+
+
+def vector_from_blob(value: Any) -> np.ndarray | None:
+    """A stored embedding (float32 BLOB) as a numpy vector; None stays None."""
+    return None if value is None else np.frombuffer(value, dtype="<f4")
 
 
 class WarehouseIOManager(dg.ConfigurableIOManager):

@@ -50,12 +50,15 @@ T = TypeVar("T")
 
 # Families of DuckDB types an argument accepts (checked on ``typeof(argument)``).
 TEXT, INTEGER, BOOLEAN, LABELS, OBJECT = "STRING", "INTEGER", "BOOLEAN", "ARRAY<STRING>", "STRUCT"
+FILES = "BINARY or STRING (or an ARRAY of either)"  # image bytes, or a path or URL
 
 
 @dataclass(frozen=True)
 class Param:
     name: str
-    kind: str  # "endpoint", "text" (one per row) or "option" (constant for the call)
+    # "endpoint", "text" (one per row), "option" (constant for the call) or "files" (one image
+    # per row, sent with the request: see FILES_PARAM)
+    kind: str
     accepts: str = TEXT
     default: Any = REQUIRED
     shapes_result: bool = False  # the result type depends on it (so it must be a constant)
@@ -73,6 +76,10 @@ class AIFunction:
     @property
     def text_params(self) -> tuple[Param, ...]:
         return tuple(p for p in self.params if p.kind == "text")
+
+    @property
+    def file_param(self) -> Param | None:
+        return next((p for p in self.params if p.kind == "files"), None)
 
     @property
     def endpoint_required(self) -> bool:
@@ -193,13 +200,20 @@ def check_not_legacy(options: Mapping[str, Any]) -> None:
             "name: returnType := 'STRING' in DuckDB, the type as the third argument in SQLite.")
 
 
+# Databricks' ``ai_query(endpoint, request, files => content)``: ``content`` is each row's image
+# (a BINARY column, as ``read_files(..., format => 'binaryFile')`` gives; here also a path or an
+# http(s) URL), sent as an image part of the request's user message (see core/images.py). A
+# NULL file gives NULL without a request, as a NULL request does.
+FILES_PARAM = Param("files", "files", FILES, None)
+
 AI_QUERY = AIFunction(
     "ai_query",
     (Param("endpoint", "endpoint"), Param("request", "text"),
      Param("returnType", "option", TEXT, None, shapes_result=True),
      Param("failOnError", "option", BOOLEAN, True, shapes_result=True),
      Param("modelParameters", "option", OBJECT, None),
-     Param("responseFormat", "option", TEXT, None, shapes_result=True)),
+     Param("responseFormat", "option", TEXT, None, shapes_result=True),
+     FILES_PARAM),
     _bind_ai_query, _ai_query_type, _only,
     "Send each row's request to a served model; the Databricks signature.",
 )

@@ -11,7 +11,7 @@ import dataclasses
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import dagster as dg
 from dagster.components.resolved.core_models import (
@@ -31,6 +31,7 @@ from dagster.components.resolved.core_models import (
 from ..asset_factory import build_inference_asset
 from ..core.call import InferenceCall
 from ..core.settings import DEFAULT_LEDGER_TABLE
+from ..sensors.batches import build_batch_collect_sensor
 from ..sensors.retry_partitions import build_retry_partitions_sensor
 from .resource_attributes import ResolvedResource
 from .scaffolder import InferenceScaffolder
@@ -148,6 +149,18 @@ class RetryPartitionsSensorArgs(dg.Resolvable):
     )] = False
 
 
+@dataclass
+class BatchCollectSensorArgs(dg.Resolvable):
+    """The batch-collect sensor of a ``BatchInferenceComponent`` with ``mode: batch_api`` and
+    ``wait: false`` (see :func:`build_batch_collect_sensor`); it needs the component's
+    ``resource``, whose batch endpoints it polls."""
+
+    minimum_interval_seconds: int = 60
+    running: Annotated[bool, dg.Resolver.default(
+        description="Start the sensor running (default: stopped until turned on in the UI).",
+    )] = False
+
+
 @dg.scaffold_with(InferenceScaffolder)
 @dataclass
 @_with_call_attributes
@@ -240,6 +253,17 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
     retry_partitions: Annotated[RetryPartitionsSensorArgs | None, dg.Resolver.default(
         description="Also build a sensor that re-materializes the partitions with failed or "
         "deferred rows.")] = None
+    mode: Annotated[Literal["online", "batch_api"], dg.Resolver.default(
+        description="'online' (each row a request now) or 'batch_api' (the provider's "
+        "offline batch API, about half the price; an endpoint with batch_api: true).",
+    )] = "online"
+    wait: Annotated[bool, dg.Resolver.default(
+        description="With mode batch_api: poll until the batches are answered (true), or end "
+        "the run once they are submitted, the rows deferred (false; see batch_collect).",
+    )] = True
+    batch_collect: Annotated[BatchCollectSensorArgs | None, dg.Resolver.default(
+        description="Also build a sensor that re-materializes a partition when the batches its "
+        "rows wait for end (mode batch_api, wait false).")] = None
 
     def call_attributes(self) -> dict[str, Any]:
         """The call's attributes, by InferenceCall's field names."""
@@ -253,10 +277,20 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
             io_manager_key=self.io_manager_key, pool=self.pool,
             warn_failed_rate=self.warn_failed_rate, error_failed_rate=self.error_failed_rate,
             preview_rows=self.preview_rows, key_columns=self.key_columns,
-            asset_attributes=self.asset_attributes,
+            asset_attributes=self.asset_attributes, mode=self.mode, wait=self.wait,
             **self.call_attributes(),
         )
         sensors = [] if self.retry_partitions is None else [self._retry_sensor(asset)]
+        if self.batch_collect is not None:
+            if self.resource is None:
+                raise dg.DagsterInvalidDefinitionError(
+                    f"BatchInferenceComponent '{self.name}': batch_collect needs the "
+                    "component's resource (the sensor polls its batch endpoints).")
+            sensors.append(build_batch_collect_sensor(
+                asset, resource=self.resource,
+                minimum_interval_seconds=self.batch_collect.minimum_interval_seconds,
+                default_status=(dg.DefaultSensorStatus.RUNNING if self.batch_collect.running
+                                else dg.DefaultSensorStatus.STOPPED)))
         resources = {} if self.resource is None else {self.resource_key: self.resource}
         return dg.Definitions(assets=[asset], sensors=sensors, resources=resources)
 

@@ -15,7 +15,10 @@ import threading
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
+from .batch_mode import BatchModeCall, check_mode
 from .call import InferenceCall
+from .embed_call import EmbedCall
+from .embed_client import embed_frame, estimate_embeddings
 from .engine import InferenceRun, estimate_cost
 from .errors import InferenceConfigError, RowError
 from .ledger import Ledger
@@ -95,6 +98,8 @@ class InferenceClient:
         supersede_stale: bool = False,
         collect_keys: bool = False,
         logger: Any = None,
+        mode: str = "online",
+        wait: bool = True,
         **call_fields: Any,
     ) -> InferenceResult:
         """One output per row of ``df``; failures are data in the error column.
@@ -106,6 +111,9 @@ class InferenceClient:
         look their answers up afterwards).
         ``supersede_stale``: this call covers its whole partition, so the partition's records of
         requests it no longer asks for are retired.
+        ``mode="batch_api"``: through the provider's offline batch API (an endpoint with
+        ``batch_api=True``) at its batch price; ``wait=False`` returns once the batches are
+        submitted, the rows deferred "waiting for batch <id>" (see :mod:`.batch_mode`).
         """
         import pandas as pd
 
@@ -118,14 +126,21 @@ class InferenceClient:
                     f"The input already has a column '{name}'; choose another output_column."
                 )
         budget = call.token_budget if call.token_budget is not None else self.settings.token_budget
-        run = InferenceRun(
-            self.settings, call, df[call.input_columns()],
-            pool=self.pool, ledger=self.ledger, token_budget=budget,
-            partition_key=call.partition_key, run_id=run_id, scope=call.scope,
-            logger=logger or self.log,
-            collect_keys=collect_keys or bool(supersede_stale and call.partition_key),
-        )
-        stats = await run.run()
+        check_mode(mode, wait)
+        keep_keys = collect_keys or bool(supersede_stale and call.partition_key)
+        if mode == "batch_api":
+            run = await BatchModeCall(self, call, df[call.input_columns()], wait=wait,
+                                      token_budget=budget, run_id=run_id,
+                                      logger=logger or self.log, collect_keys=keep_keys).run()
+        else:
+            run = InferenceRun(
+                self.settings, call, df[call.input_columns()],
+                pool=self.pool, ledger=self.ledger, token_budget=budget,
+                partition_key=call.partition_key, run_id=run_id, scope=call.scope,
+                logger=logger or self.log, collect_keys=keep_keys,
+            )
+            await run.run()
+        stats = run.stats
         if supersede_stale and call.partition_key:
             await asyncio.to_thread(self.ledger.mark_superseded, call.partition_key, run.keys,
                                     call.scope)
@@ -139,9 +154,14 @@ class InferenceClient:
                                statuses=statuses,
                                request_keys=frozenset(run.keys) if run.keys is not None else None)
 
-    def estimate(self, df: Any, call: InferenceCall | None = None, /,
-                 **call_fields: Any) -> InferenceEstimate:
-        """A dry run of ``infer`` with the same arguments: nothing is sent."""
+    def estimate(self, df: Any, call: InferenceCall | EmbedCall | None = None, /,
+                 task: str = "chat", **call_fields: Any) -> InferenceEstimate:
+        """A dry run of ``infer`` (or, with ``task="embed"`` or an ``EmbedCall``, of
+        ``embed``) with the same arguments: nothing is sent."""
+        if task == "embed" or isinstance(call, EmbedCall):
+            return estimate_embeddings(self, df, call, call_fields)
+        if task != "chat":
+            raise InferenceConfigError(f"task must be 'chat' or 'embed', got {task!r}")
         call = self._bind(df, call, call_fields)
         rows = row_tuples(df[call.input_columns()])
         distinct: dict[str, Any] = {}
@@ -176,6 +196,20 @@ class InferenceClient:
             tokens_by_model=tokens_by_model,
             estimated_cost_usd=estimate_cost(self.settings, tokens_by_model),
         )
+
+    def embed(self, df: Any, call: EmbedCall | None = None, /, **kwargs: Any
+              ) -> InferenceResult:
+        """Sync door to :meth:`aembed`."""
+        return run_sync(self.aembed(df, call, **kwargs))
+
+    async def aembed(self, df: Any, call: EmbedCall | None = None, /, **kwargs: Any
+                     ) -> InferenceResult:
+        """One float32 vector (a 1-D numpy array) per row of ``df``; failures are data in the
+        error column. ``call`` (an :class:`~.embed_call.EmbedCall`) or its fields as keywords:
+        ``input=`` (a template) or ``input_column=``, ``model=``, ``output_column=``,
+        ``dimensions=``, ``inputs_per_request=`` ...; and ``run_id``, ``supersede_stale``,
+        ``collect_keys``, ``logger`` as for :meth:`ainfer`."""
+        return await embed_frame(self, df, call, **kwargs)
 
     def _bind(self, df: Any, call: InferenceCall | None,
               call_fields: Mapping[str, Any]) -> InferenceCall:

@@ -26,7 +26,7 @@ from .pool import EndpointPool
 from .prompts import RowRequest
 from .retries import RetryPolicy
 from .settings import InferenceSettings
-from .transport import Completion, ReplyParser, Transport
+from .transport import CHAT_ROUTE, EMBEDDINGS_ROUTE, Completion, ReplyParser, Transport
 
 
 class Attempts:
@@ -43,6 +43,9 @@ class Attempts:
 
 
 class Delivery(Protocol):
+    # Optional: ``keeps_answers = True`` on a delivery whose answers are durable before the
+    # engine sees them (the batch API's book), so the run keeps no journal of its own.
+
     def capacity(self) -> int:
         """Requests it can usefully have outstanding at once (sizes the run's workers)."""
         ...
@@ -90,6 +93,9 @@ class OnlineDelivery:
         self.retry = RetryPolicy.from_settings(settings)
         self._writer = writer
         self._context_limits = _context_limits_by_model(settings)
+        # The models served on this route (the pool routes chat and embedding models alike).
+        self._route_models = {CHAT_ROUTE: settings.models,
+                              EMBEDDINGS_ROUTE: settings.embedding_models}.get(route)
 
     def capacity(self) -> int:
         return self.pool.capacity()
@@ -97,6 +103,10 @@ class OnlineDelivery:
     def refusal(self, request: RowRequest) -> RowError | None:
         if not self.pool.serves(request.model):
             return UnsupportedModelError(f"no configured endpoint serves model '{request.model}'")
+        if self._route_models is not None and request.model not in self._route_models:
+            return UnsupportedModelError(
+                f"'{request.model}' is not served on {self.route} (an Endpoint lists chat "
+                "models in models=[...] and embedding models in embedding_models=[...])")
         limit = self._context_limits.get(request.model)
         if limit is not None and request.typical_prompt_tokens + request.max_tokens > limit:
             return ContextLengthExceededError(
@@ -137,7 +147,7 @@ class OnlineDelivery:
         since = self._unreachable_since
         if not since:
             return
-        serving = [e for e in self.settings.endpoints if model in e.models]
+        serving = [e for e in self.settings.endpoints if model in e.served_models]
         now = time.monotonic()
         if all(now - since.get(e.name, now) >= self.unreachable_after_s for e in serving):
             where = ", ".join(f"'{e.name}' at {e.base_url}" for e in serving)
@@ -201,8 +211,8 @@ class OnlineDelivery:
 def _context_limits_by_model(settings: InferenceSettings) -> dict[str, int]:
     """Per model, the longest context of the endpoints serving it, where all of them say."""
     limits: dict[str, int] = {}
-    for model in settings.models:
-        windows = [e.max_context_tokens for e in settings.endpoints if model in e.models]
+    for model in settings.models | settings.embedding_models:
+        windows = [e.max_context_tokens for e in settings.endpoints if model in e.served_models]
         if windows and all(w is not None for w in windows):
             limits[model] = max(windows)
     return limits

@@ -123,6 +123,9 @@ class InferenceRun:
         self._started = time.perf_counter()
         journal_dir = journal_dir_for(self.ledger)
         await asyncio.to_thread(fold_abandoned, journal_dir, self.ledger, self.log)
+        # A delivery whose answers are kept durably already (the batch book) needs no journal.
+        if getattr(self.delivery, "keeps_answers", False):
+            journal_dir = None
         journal = self._writer.journal = AnswerJournal(journal_dir) if journal_dir else None
         workers_n = max(1, min(_MAX_WORKERS, 2 * self.delivery.capacity()))
         queue: asyncio.Queue[KeyState | None] = asyncio.Queue(maxsize=workers_n)

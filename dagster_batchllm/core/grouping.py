@@ -181,10 +181,11 @@ class GroupingDelivery:
 
 
 def _count(waiters: list[tuple[asyncio.Future, Any]], attempts: Any) -> None:
-    """Give each item the group's attempts and endpoint. The HTTP requests are counted once,
-    on the first item, so the run's ``requests`` figure is requests, not items."""
+    """Give each item the group's endpoint, and its attempts and HTTP requests once, on the
+    first item, so the run's ``requests`` and ``retries`` figures count requests, not items;
+    the other items count one attempt (they were sent, so their answers are journaled)."""
     for i, (_future, item_attempts) in enumerate(waiters):
-        item_attempts.count += attempts.count
+        item_attempts.count += attempts.count if i == 0 else min(attempts.count, 1)
         item_attempts.endpoint = attempts.endpoint
         if i == 0:
             item_attempts.sent += attempts.sent

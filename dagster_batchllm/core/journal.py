@@ -62,7 +62,12 @@ class AnswerJournal:
         os.rename(creating, self.path)
 
     def append(self, record: dict[str, Any]) -> None:
-        os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+        self.append_many([record])
+
+    def append_many(self, records: list[dict[str, Any]]) -> None:
+        """One ``write`` for all of them (a grouped reply's answers arrive together)."""
+        os.write(self._fd, "".join(json.dumps(r, separators=(",", ":")) + "\n"
+                                   for r in records).encode())
 
     def close(self, *, remove: bool) -> None:
         """``remove``: every record is in the ledger; otherwise the next run folds it."""

@@ -62,6 +62,7 @@ class LedgerWriter:
         self.log = log
         self.error: Exception | None = None
         self._buffer: list[dict[str, Any]] = []
+        self._unjournaled: list[dict[str, Any]] = []  # added this turn, not in the journal yet
         self._keys: list[str] = []
         self._writing = 0  # records of the batch being written right now
         self._failing_since: float | None = None  # start of the current streak of failed writes
@@ -77,11 +78,23 @@ class LedgerWriter:
 
     def add(self, record: dict[str, Any], key: str) -> None:
         if self.journal is not None and record["status"] == OK and record["attempts"]:
-            self.journal.append(record)  # paid for: on disk before anyone relies on it
+            # Paid for: on disk before anyone relies on it. The answers added in one turn of
+            # the event loop (a grouped reply's) go in one write, at the end of that turn.
+            self._unjournaled.append(record)
+            if len(self._unjournaled) == 1:
+                try:
+                    asyncio.get_running_loop().call_soon(self.write_journal)
+                except RuntimeError:  # not on an event loop: now
+                    self.write_journal()
         self._buffer.append(record)
         self._keys.append(key)
         if len(self._buffer) >= max(1, self.room // 2):
             self._flush_now.set()
+
+    def write_journal(self) -> None:
+        records, self._unjournaled = self._unjournaled, []
+        if records and self.journal is not None:
+            self.journal.append_many(records)
 
     async def wait_for_room(self) -> None:
         while self.full:
@@ -157,6 +170,7 @@ class LedgerWriter:
     def flush_remaining(self, *, within_s: float | None = None) -> None:
         """The last write, after every worker and ``run()`` have stopped (blocking); retried
         while the database is away, for ``within_s`` (the outage bound by default)."""
+        self.write_journal()
         records, self._buffer = self._buffer, []
         keys, self._keys = self._keys, []
         if not records:

@@ -147,7 +147,7 @@ class EndpointPool:
         ]
         self._by_model: dict[str, list[EndpointState]] = {}
         for state in self.endpoints:
-            for model in state.spec.models:
+            for model in state.spec.served_models:
                 self._by_model.setdefault(model, []).append(state)
         self._waiters: dict[str, deque[asyncio.Future]] = {m: deque() for m in self._by_model}
         self.group = uuid.uuid4().hex[:8]  # names this pool's limiters to other runs
@@ -268,7 +268,7 @@ class EndpointPool:
             state.request_limiter.settle(lease.request_entry)
         if lease.token_entry is not None:
             state.token_limiter.settle(lease.token_entry, actual_tokens)
-        for model in state.spec.models:
+        for model in state.spec.served_models:
             self._wake(model)
 
     def give_back_unused(self, lease: Lease) -> None:
@@ -282,7 +282,7 @@ class EndpointPool:
             state.request_limiter.settle(lease.request_entry, 0)
         if lease.token_entry is not None:
             state.token_limiter.settle(lease.token_entry, 0)
-        for model in state.spec.models:
+        for model in state.spec.served_models:
             self._wake(model)
 
     def _wake(self, model: str) -> None:
@@ -304,7 +304,7 @@ class EndpointPool:
         for state in self.endpoints:
             runs = runs_per_endpoint.get(state.spec.name, 1)
             state.set_share(1.0 / max(1, runs))
-            for model in state.spec.models:
+            for model in state.spec.served_models:
                 self._wake(model)  # a larger share may admit a waiter now
 
     def _set_rate_limits(self, limits: Mapping[str, tuple]) -> None:
@@ -315,7 +315,7 @@ class EndpointPool:
                                       strict=True):
                 if limiter is not None and limit is not None:
                     limiter.limit, limiter.lone_request_ok = limit
-            for model in state.spec.models:
+            for model in state.spec.served_models:
                 self._wake(model)
 
     def _set_capacities(self, capacities: Mapping[str, int]) -> None:
@@ -323,7 +323,7 @@ class EndpointPool:
         for state in self.endpoints:
             if state.spec.name in capacities:
                 state.capacity = capacities[state.spec.name]
-                for model in state.spec.models:
+                for model in state.spec.served_models:
                     self._wake(model)
 
     def in_flight(self) -> dict[str, int]:

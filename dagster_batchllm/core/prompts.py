@@ -239,3 +239,8 @@ def _messages_from_cell(value: Any) -> list[dict[str, Any]]:
             raise InvalidInputError(f"a '{item['role']}' message has empty content")
         messages.append({"role": str(item["role"]), "content": content})
     return messages
+
+
+# For the other tasks that render rows into text the same way (embeddings' inputs).
+render_template = _render
+cell_text = _cell_text

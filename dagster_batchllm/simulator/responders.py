@@ -180,6 +180,19 @@ class EchoResponder:
         return "[sim] " + text
 
 
+def responder_embedding_models(responder: Responder | str | None) -> list[str]:
+    """The models a responder embeds with: what its ``embedding_models()`` lists, if it has
+    one (and an ``embed(model, texts, dimensions)`` method), else none."""
+    if responder is None:
+        return []
+    if isinstance(responder, str):
+        responder = load_responder(responder)
+    if not (callable(getattr(responder, "embed", None))
+            and callable(getattr(responder, "embedding_models", None))):
+        return []
+    return list(responder.embedding_models())
+
+
 def load_responder(spec: str) -> Responder:
     """Import ``"module:attr"`` (attr may be dotted); a class is instantiated without arguments."""
     module_name, _, attr = spec.partition(":")

@@ -28,7 +28,7 @@ from .chat import prepare_generation
 from .embeddings import prepare_embeddings
 from .images import ImageReject
 from .protocol import Job, Reject, Serving, error_response, responder_failure
-from .responders import EchoResponder, Responder, load_responder
+from .responders import EchoResponder, Responder, load_responder, responder_embedding_models
 from .state import SERVER_COMMANDS, SimState, Tally, control
 
 STALL_POLL_S = 0.05
@@ -44,7 +44,7 @@ class ServerSettings:
     max_concurrency: int = 256
     api_key: str | None = None
     responder: Responder | str | None = None
-    embedding_models: list[str] | None = None  # None: no embeddings served
+    embedding_models: list[str] | None = None  # None: the responder's, if it embeds
 
 
 class _App:
@@ -53,8 +53,10 @@ class _App:
     def __init__(self, settings: ServerSettings, state: SimState):
         responder = settings.responder or EchoResponder()
         responder = load_responder(responder) if isinstance(responder, str) else responder
-        self.serving = Serving(list(settings.models or responder.models()),
-                               list(settings.embedding_models or ()), responder, state)
+        self.serving = Serving(
+            list(settings.models or responder.models()),
+            list(settings.embedding_models or responder_embedding_models(responder)),
+            responder, state)
         self.auth = f"Bearer {settings.api_key}" if settings.api_key else None
         self.slots = asyncio.Semaphore(settings.max_concurrency)
         self.state = state

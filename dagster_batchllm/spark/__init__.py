@@ -72,6 +72,7 @@ Example::
 
 from ..ai_functions.outcomes import AIQueryError
 from .columns import ai_query_col
+from .embeddings import embed_col
 from .grouped import infer_grouped
 from .job import RESULT_STRUCT_DDL, BudgetRef, SparkJob, split_for_slots
 from .session import SparkAI
@@ -89,6 +90,7 @@ __all__ = [
     "SparkJob",
     "ai_query_col",
     "cache_info",
+    "embed_col",
     "infer_grouped",
     "register_ai_functions",
     "split_for_slots",

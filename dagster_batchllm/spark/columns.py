@@ -17,6 +17,11 @@ Example::
     df = df.withColumn("checked", ai_query_col("llama-70b", "transcript_text",
                                                fail_on_error=False))
     df.where("checked.errorMessage IS NOT NULL")
+    # Images with the prompt: a BINARY column (spark.read.format("binaryFile")'s content), a
+    # STRING path or URL, or an ARRAY of those; a NULL image gives NULL without a request.
+    pages = spark.read.format("binaryFile").load("scans/*.png")
+    pages.withColumn("fields", ai_query_col("llava", F.lit("Extract the invoice fields"),
+                                            images="content", response_format=schema))
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ if TYPE_CHECKING:
     from .session import SparkAI
 
 
-def ai_query_col(model: Any, prompt: Any, *, fail_on_error: bool = True,
+def ai_query_col(model: Any, prompt: Any, *, images: Any = None, fail_on_error: bool = True,
                  max_tokens: int | None = None, temperature: float | None = None,
                  response_format: Any = None, system: str | None = None,
                  token_budget: int | None = None, partition_key: str | None = None,
@@ -44,7 +49,12 @@ def ai_query_col(model: Any, prompt: Any, *, fail_on_error: bool = True,
     row fails the task; with ``fail_on_error=False`` the column is
     ``struct<result: string, errorMessage: string>`` and no row fails the stage. Other keyword
     arguments are generation parameters (``top_p``, ``stop``, ``seed`` ...). A
-    ``response_format`` (JSON schema) makes each result the reply's JSON text.
+    ``response_format`` (JSON schema) makes each result the reply's JSON text. ``images`` (a
+    Column or column name: BINARY bytes, STRING paths or URLs, or ARRAYs of them) goes with
+    each row's prompt as image parts (see ``infer(images=...)``); a bad file fails only its row.
+    A pandas UDF holds its whole Arrow batch, and Spark's default batch is 10,000 rows (2 GB
+    of 200 KB images): for BINARY images lower ``spark.sql.execution.arrow.maxRecordsPerBatch``
+    (256 keeps a task's images near 50 MB); paths hold only their text.
     """
     from pyspark.sql import Column
     from pyspark.sql import functions as F
@@ -62,4 +72,6 @@ def ai_query_col(model: Any, prompt: Any, *, fail_on_error: bool = True,
     struct = not fail_on_error
     udf = pandas_udf(worker.column_function(job, struct),
                      RESULT_STRUCT_DDL if struct else "string").asNondeterministic()
-    return udf(model_col, prompt_col)
+    if images is None:
+        return udf(model_col, prompt_col)
+    return udf(model_col, prompt_col, images if isinstance(images, Column) else F.col(images))

@@ -40,6 +40,7 @@ RESULT_STRUCT_DDL = f"struct<{RESULT_FIELD}: string, {ERROR_FIELD}: string>"
 # answers go to OUTPUT_COLUMN and ERROR_COLUMN, named so that no input column is overwritten.
 PROMPT_COLUMN = "prompt"
 MODEL_COLUMN = "model"
+FILES_COLUMN = "files"  # ai_query's files (ai_query_col's images): a bad file's error names it
 ROUTED_MODEL_COLUMN = "_batchllm_model"
 OUTPUT_COLUMN = "_batchllm_result"
 ERROR_COLUMN = "_batchllm_error"

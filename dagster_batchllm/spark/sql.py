@@ -35,15 +35,19 @@ from typing import Any, Literal
 
 from ..ai_functions.catalogue import AI_QUERY, legacy_options
 from ..core.errors import InferenceConfigError
-from . import functions, worker
+from . import documents, functions, worker
 from .builders import register_builder
+from .embeddings import EmbeddingQueries
 from .job import RESULT_STRUCT_DDL
 from .session import SparkAI
 
 PARAMETERS = ("endpoint", "request", "returnType", "failOnError", "modelParameters",
-              "responseFormat")
+              "responseFormat", "files")
 SIGNATURE = ("ai_query(endpoint, request [, returnType] [, failOnError] [, modelParameters] "
-             "[, responseFormat])")
+             "[, responseFormat] [, files])")
+# files => content: each row's image, as BINARY (read_files/binaryFile's content) or a STRING
+# path or URL, or an ARRAY of those (a document's pages).
+_FILE_TYPES = frozenset({"binary", "string"})
 _TEXT_TYPES = frozenset({"STRING", "VARCHAR", "TEXT"})
 
 
@@ -76,10 +80,12 @@ def register_ai_functions(spark: Any, resource_or_settings: Any, *,
     as_struct = pandas_udf(
         worker.sql_function(job.replace(fail_on_error=False), struct=True), RESULT_STRUCT_DDL,
     ).asNondeterministic()
-    builder = AIQueryBuilder(ai, as_text._unwrapped._judf, as_struct._unwrapped._judf)
+    builder = AIQueryBuilder(ai, as_text._unwrapped._judf, as_struct._unwrapped._judf,
+                             embeddings=EmbeddingQueries(ai))
     register_builder(spark, "ai_query", builder)
     ai.sql_builder = builder  # Spark's registry holds only a py4j proxy of it
     ai.function_builders = functions.register(spark, ai, job)  # kept alive for the same reason
+    documents.register_parse_document(spark)
     return ai.activate()
 
 
@@ -90,18 +96,35 @@ class AIQueryBuilder:
     STRING or the STRUCT pandas-UDF expression over the same arguments.
     """
 
-    def __init__(self, ai: SparkAI, as_text: Any, as_struct: Any):
+    def __init__(self, ai: SparkAI, as_text: Any, as_struct: Any,
+                 embeddings: EmbeddingQueries | None = None):
         self.ai = ai
         self.as_text = as_text
         self.as_struct = as_struct
+        self.embeddings = embeddings  # the ARRAY<FLOAT> UDFs for embedding models
 
     def apply(self, expressions: Any) -> Any:
         arguments, pairs = _arguments(expressions)
-        fail_on_error = _check(self.ai, arguments)
-        chosen = self.as_text if fail_on_error else self.as_struct
-        if pairs:  # the UDF reads its options by position or name: hand them over by name
+        chosen = self._embedding_udf(arguments)
+        no_files = False
+        if chosen is None:
+            fail_on_error = _check(self.ai, arguments)
+            chosen = self.as_text if fail_on_error else self.as_struct
+            no_files = _null_literal(arguments.get("files"))
+            if no_files:  # files => NULL: no files (DuckDB's default), not NULL for every row
+                del arguments["files"]
+        if pairs or no_files:  # the UDF reads options by position or name: hand them by name
             expressions = _named_arguments(self.ai.spark, arguments)
         return chosen.builder(expressions)
+
+    def _embedding_udf(self, arguments: dict[str, Any]) -> Any:
+        """The embedding UDF when the (constant) endpoint names an embedding model."""
+        endpoint = arguments["endpoint"]
+        if self.embeddings is None or not endpoint.foldable():
+            return None
+        options = {name: _constant(e) if e.foldable() else "(not a constant)"
+                   for name, e in arguments.items() if name not in ("endpoint", "request")}
+        return self.embeddings.udf_for(_constant(endpoint), options)
 
     class Java:
         implements = ["scala.Function1"]
@@ -131,7 +154,8 @@ def _arguments(expressions: Any) -> tuple[dict[str, Any], bool]:
         elif i < len(PARAMETERS):
             arguments[PARAMETERS[i]] = expr
         else:
-            raise InferenceConfigError(f"ai_query takes at most 6 arguments: {SIGNATURE}.")
+            raise InferenceConfigError(
+                f"ai_query takes at most {len(PARAMETERS)} arguments: {SIGNATURE}.")
     for required in ("endpoint", "request"):
         if required not in arguments:
             raise InferenceConfigError(f"ai_query needs '{required}': {SIGNATURE}.")
@@ -179,6 +203,14 @@ def _check(ai: SparkAI, arguments: dict[str, Any]) -> bool:
             raise InferenceConfigError(
                 f"ai_query on Spark returns STRING, got returnType {declared!r}; ask for JSON "
                 "with responseFormat and parse it with from_json.")
+    if "files" in arguments and not _null_literal(arguments["files"]):
+        data_type = arguments["files"].dataType()
+        element = (data_type.elementType() if data_type.typeName() == "array" else data_type)
+        if element.typeName() not in _FILE_TYPES:
+            raise InferenceConfigError(
+                f"ai_query: 'files' must be BINARY (the image's bytes, as read_files(..., "
+                "format => 'binaryFile') gives in content), a STRING path or URL, or an ARRAY "
+                f"of those; got {data_type.simpleString().upper()}.")
     fail_on_error = True
     if "failOnError" in arguments:
         value = _constant(arguments["failOnError"])
@@ -187,6 +219,10 @@ def _check(ai: SparkAI, arguments: dict[str, Any]) -> bool:
                 f"ai_query: 'failOnError' must be true or false, got {value!r}.")
         fail_on_error = value is not False
     return fail_on_error
+
+
+def _null_literal(expression: Any) -> bool:
+    return expression is not None and expression.dataType().typeName() in ("void", "null")
 
 
 def _constant(expression: Any) -> Any:

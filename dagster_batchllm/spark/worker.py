@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from ..ai_functions.calls import sendable
+from ..ai_functions.documents import parse_document_value
 from ..ai_functions.outcomes import AIQueryError
 from ..core.call import InferenceCall
 from ..core.client import InferenceClient
@@ -43,6 +44,7 @@ from ..core.settings import InferenceSettings
 from .budget import SharedTokenBudget
 from .job import (
     ERROR_FIELD,
+    FILES_COLUMN,
     MODEL_COLUMN,
     PROMPT_COLUMN,
     RESULT_FIELD,
@@ -75,23 +77,32 @@ def cache_info() -> dict[str, int]:
 
 # -- one batch ---------------------------------------------------------------------------------
 def run_scalar(job: SparkJob, struct: bool, models: pd.Series, prompts: pd.Series,
-               model_parameters: Any = None, response_format: Any = None) -> Any:
+               model_parameters: Any = None, response_format: Any = None,
+               files: pd.Series | None = None) -> Any:
     """Answer one Arrow batch of a scalar UDF: a string Series, or result/errorMessage frame.
 
     ``model_parameters`` and ``response_format`` are the SQL arguments of the same names
-    (constant per query, so the first row's value is the call's).
+    (constant per query, so the first row's value is the call's). ``files`` (``ai_query``'s
+    ``files``, ``ai_query_col``'s ``images``) holds each row's image: its bytes (a BINARY
+    column), a path or a URL, or a list of those; a row whose file is NULL gives NULL unsent.
     """
     n = len(prompts)
     job = _with_sql_options(job, model_parameters, response_format)
     present = np.fromiter((sendable(p) for p in prompts), dtype=bool, count=n)
+    if files is not None:
+        present &= np.fromiter((not _is_null(f) for f in files), dtype=bool, count=n)
+        job = job.with_call(images=FILES_COLUMN)
     outputs: list[Any] = [None] * n
     errors: list[str | None] = [None] * n
     if present.any():
-        frame = pd.DataFrame({
+        columns = {
             MODEL_COLUMN: [job.model_for(m) if isinstance(m, str) else m
                            for m in models[present].tolist()],
             PROMPT_COLUMN: prompts[present].tolist(),
-        })
+        }
+        if files is not None:
+            columns[FILES_COLUMN] = [_file_cell(f) for f in files[present].tolist()]
+        frame = pd.DataFrame(columns)
         answered, failed = answer_frame(job, frame)
         positions = present.nonzero()[0]
         for pos, out, err in zip(positions, answered, failed, strict=True):
@@ -274,10 +285,21 @@ def plain_value(value: Any) -> Any:
 
 
 def _is_null(value: Any) -> bool:
+    if isinstance(value, bytes | bytearray | str):
+        return False
     try:
         return bool(pd.isna(value))
     except (TypeError, ValueError):
-        return False
+        return False  # an array of files: not NULL
+
+
+def _file_cell(value: Any) -> Any:
+    """A BINARY cell arrives as bytes (or bytearray), an ARRAY one as a numpy array."""
+    if isinstance(value, bytearray):
+        return bytes(value)
+    if hasattr(value, "tolist") and not isinstance(value, bytes):
+        return [_file_cell(v) for v in value.tolist()]
+    return value
 
 
 def count_batch(rows: int) -> None:
@@ -293,17 +315,35 @@ def sql_function(job: SparkJob, struct: bool):
     """The body of the SQL ``ai_query`` (Databricks' parameter names, usable as named args)."""
 
     def ai_query(endpoint, request, returnType=None, failOnError=None,
-                 modelParameters=None, responseFormat=None):
-        return run_scalar(job, struct, endpoint, request, modelParameters, responseFormat)
+                 modelParameters=None, responseFormat=None, files=None):
+        return run_scalar(job, struct, endpoint, request, modelParameters, responseFormat,
+                          files)
 
     return ai_query
 
 
 def column_function(job: SparkJob, struct: bool):
-    def ai_query_col(model, prompt):
-        return run_scalar(job, struct, model, prompt)
+    def ai_query_col(model, prompt, images=None):
+        return run_scalar(job, struct, model, prompt, files=images)
 
     return ai_query_col
+
+
+def parse_documents(content: pd.Series) -> pd.DataFrame:
+    """The body of Spark's ``ai_parse_document``: one Arrow batch of PDFs (bytes or paths)."""
+    fields = ("page_count", "pages", "text", "error")
+    parsed = []
+    for value in content.tolist():
+        if isinstance(value, bytearray):
+            value = bytes(value)
+        if value is not None and not isinstance(value, bytes | str):
+            value = {"page_count": None, "pages": None, "text": None, "error": (
+                f"content must be BINARY (the PDF) or a STRING (its path), got "
+                f"{type(value).__name__}")}
+        else:
+            value = parse_document_value(value)
+        parsed.append(value or dict.fromkeys(fields))  # NULL in: NULL fields
+    return pd.DataFrame({name: [row[name] for row in parsed] for name in fields})
 
 
 def group_function(job: SparkJob, **group: Any):

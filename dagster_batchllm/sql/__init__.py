@@ -18,10 +18,13 @@ One call installs them on a connection, backed by the same inference core as
     \"\"\").df()
 
 Functions: ``ai_query(endpoint, request, returnType, failOnError, modelParameters,
-responseFormat)``, ``ai_summarize(content[, max_words])``, ``ai_classify(content, labels)``,
+responseFormat, files)``, ``ai_summarize(content[, max_words])``, ``ai_classify(content, labels)``,
 ``ai_extract(content, labels)``, ``ai_analyze_sentiment(content)``, ``ai_translate(content,
 to_lang)``, ``ai_fix_grammar(content)``, ``ai_mask(content, labels)``, ``ai_gen(prompt)``,
 ``ai_similarity(expr1, expr2)``; each AI function also takes an optional ``endpoint``.
+``ai_query``'s ``files`` (Databricks' ``files => content``: a BLOB, or a path or URL) sends each
+row's image with its request; ``ai_parse_document(content)`` reads a PDF's pages without a model
+(a STRUCT on DuckDB, JSON text on SQLite).
 
 Calls are batched: DuckDB passes whole vectors (see :mod:`.duckdb_engine`); on SQLite run
 statements through :func:`execute` (see :mod:`.sqlite_engine` for the two-pass plan). Identical

@@ -24,6 +24,7 @@ from functools import cache
 from sqlglot import exp
 
 from ..ai_functions.catalogue import FUNCTIONS, REQUIRED, AIFunction, legacy_options
+from . import read_files
 from .dialect_names import DIALECT_NAMES as NAMES
 from .patterns import java_to_re2_pattern, java_to_re2_replacement, like_to_glob
 
@@ -48,6 +49,11 @@ def check(tree, read: str, write: str) -> Iterator[tuple[exp.Expression, str]]:
                 _ai_arguments(node, spec)
             except ValueError as exc:
                 yield node, str(exc)
+            continue
+        if read_files.is_read_files(node):
+            reason = read_files.problem(node, write)
+            if reason:
+                yield node, reason
             continue
         if isinstance(node, exp.Anonymous) and node.name.lower() in _builtins(write):
             yield node, (
@@ -275,6 +281,8 @@ def rewrite(tree, write: str):
         spec = ai_function(node)
         if spec is not None:
             node.replace(_ai_call(node, spec, write))
+        elif isinstance(node, exp.Table) and read_files.is_read_files(node.this):
+            node.replace(read_files.rewrite(node))  # binaryFile rows from DuckDB's read_blob
         elif write == "duckdb" and type(node).__name__ in _REGEXP_FUNCTIONS:
             _rewrite_regexp(node)
         elif isinstance(node, exp.Like | exp.ILike) and not isinstance(node.expression,

@@ -7,9 +7,12 @@ parameters with defaults::
 
 The macro expands to two Python functions:
 
-* ``__batchllm_call(function, endpoint, text1, text2, options)`` — an Arrow UDF. DuckDB hands
-  it a whole vector (2048 rows); its distinct requests go through the pool concurrently in one
-  ``infer`` call, and identical ones are sent once. It returns JSON text.
+* ``__batchllm_call(function, endpoint, text1, text2, options, file_blobs, file_paths)`` — an
+  Arrow UDF. DuckDB hands it a whole vector (2048 rows); its distinct requests go through the
+  pool concurrently in one ``infer`` call, and identical ones are sent once. It returns JSON
+  text. ``ai_query``'s ``files`` argument (a BLOB, a VARCHAR path or URL, or a list of either:
+  a document's pages) arrives as a list in ``file_blobs`` or ``file_paths`` by its type and
+  goes with the request as image parts.
 * ``__batchllm_type(function, argument types, options)`` — evaluated once while DuckDB binds the
   query, on constant arguments only. It checks every argument's type (``typeof``) and the
   options that shape the result (``returnType``, ``failOnError``, ``responseFormat``, the labels
@@ -42,6 +45,7 @@ from ..ai_functions.calls import BoundCall, sendable
 from ..ai_functions.catalogue import (
     AI_QUERY,
     BOOLEAN,
+    FILES,
     FUNCTIONS,
     INTEGER,
     LABELS,
@@ -51,6 +55,7 @@ from ..ai_functions.catalogue import (
     AIFunction,
     check_not_legacy,
 )
+from ..ai_functions.embeddings import embedding_result_type, literal_endpoint
 from ..ai_functions.outcomes import as_json, failure, with_error
 from ..core.errors import InferenceConfigError
 from .runtime import Row, Runtime
@@ -58,6 +63,8 @@ from .runtime import Row, Runtime
 CALL_UDF = "__batchllm_call"
 _RESULT_STRUCT = re.compile(r"STRUCT\(result [^)]*errorMessage VARCHAR\)")
 TYPE_UDF = "__batchllm_type"
+ENDPOINT_ALIAS = "__endpoint"  # ai_query's endpoint as written, in the type UDF's options
+_NOT_CONSTANT = 'argument in function "from_json" must be a constant expression'
 # ai_parse_document: one Python function per input type (a BLOB of the PDF, a path to it).
 PARSE_BLOB_UDF, PARSE_PATH_UDF = "__batchllm_parse_document_blob", "__batchllm_parse_document_path"
 
@@ -69,7 +76,11 @@ _ACCEPTS = {
     BOOLEAN: lambda t: t == "BOOLEAN",
     LABELS: lambda t: t in ("VARCHAR", "JSON") or re.fullmatch(r"VARCHAR(\[\d*\])", t) is not None,
     OBJECT: lambda t: t in ("VARCHAR", "JSON") or t.startswith(("STRUCT(", "MAP(")),
+    FILES: lambda t: t in ("BLOB", "VARCHAR", "BLOB[]", "VARCHAR[]"),
 }
+# In the options JSON: the type of the call's files (a NULL literal, the default, is none).
+FILES_TYPE = "__files"
+_NULL_TYPE = '"NULL"'  # what typeof(NULL) says
 
 
 class DuckDBFunctions:
@@ -91,14 +102,20 @@ class DuckDBFunctions:
                 con.remove_function(udf)
             except duckdb.InvalidInputException:
                 pass  # not registered yet
-        con.create_function(TYPE_UDF, result_structure, ["VARCHAR", "VARCHAR[]", "VARCHAR"],
-                            "VARCHAR", null_handling="special", side_effects=False)
+        embedding_models = self.runtime.client.settings.embedding_models
+
+        def structure(function: str, types: list[str], options: str) -> str:
+            return result_structure(function, types, options, embedding_models)
+
+        con.create_function(TYPE_UDF, structure, ["VARCHAR", "VARCHAR[]", "VARCHAR"], "VARCHAR",
+                            null_handling="special", side_effects=False)
         # side_effects=True: DuckDB must not evaluate a call twice (it would, for an expression
         # that a CTE's outer query refers to several times) nor fold it away.
-        con.create_function(CALL_UDF, self._call, ["VARCHAR"] * 5, "VARCHAR", type="arrow",
-                            null_handling="special", side_effects=True)
+        con.create_function(CALL_UDF, self._call, ["VARCHAR"] * 5 + ["BLOB[]", "VARCHAR[]"],
+                            "VARCHAR", type="arrow", null_handling="special",
+                            side_effects=True)
         for function in FUNCTIONS.values():
-            con.execute(macro_sql(function))
+            con.execute(macro_sql(function, typed_by_endpoint=bool(embedding_models)))
         install_parse_document(con)
 
     def execute(self, query: str, parameters: Any = None) -> Any:
@@ -113,6 +130,12 @@ class DuckDBFunctions:
         try:
             return self.connection.execute(query, parameters)
         except duckdb.BinderException as exc:
+            if _NOT_CONSTANT in str(exc) and self.runtime.client.settings.embedding_models:
+                raise duckdb.BinderException(
+                    f"{exc}\nWhere the endpoints serve embedding models, ai_query's endpoint is "
+                    "a string literal on DuckDB (its result type, FLOAT[] for an embedding model, "
+                    "is fixed when the query is bound): write one ai_query per model, e.g. "
+                    "CASE m WHEN 'a' THEN ai_query('a', t) ... END.") from exc
             if not _RESULT_STRUCT.search(str(exc)):
                 raise
             raise duckdb.BinderException(
@@ -124,12 +147,13 @@ class DuckDBFunctions:
     def _bind_uncached(self, function: str, options: str) -> BoundCall:
         return FUNCTIONS[function].bind(json.loads(options))
 
-    def _call(self, function, endpoint, text1, text2, options):
+    def _call(self, function, endpoint, text1, text2, options, file_blobs, file_paths):
         import pyarrow as pa
 
         spec = FUNCTIONS[function[0].as_py()]
         endpoints, firsts = endpoint.to_pylist(), text1.to_pylist()
         seconds, option_texts = text2.to_pylist(), options.to_pylist()
+        blobs, paths = file_blobs.to_pylist(), file_paths.to_pylist()
         groups: dict[str, list[int]] = {}
         for i, option_text in enumerate(option_texts):
             groups.setdefault(option_text, []).append(i)
@@ -137,16 +161,21 @@ class DuckDBFunctions:
         batches: list[tuple[BoundCall, list[Row]]] = []
         for option_text, indices in groups.items():
             call = self._bind(spec.name, option_text)
+            files_type = json.loads(option_text).get(FILES_TYPE, _NULL_TYPE)
+            files_given, one_file = files_type != _NULL_TYPE, not files_type.endswith("]")
             rows: list[Row] = []
             for i in indices:
                 texts = (firsts[i], seconds[i])[:len(spec.text_params)]
-                if not all(sendable(t) for t in texts):
+                file = blobs[i] if blobs[i] is not None else paths[i]
+                if file is not None and one_file:
+                    file = file[0]  # a single file, passed as a list of one
+                if not all(sendable(t) for t in texts) or (files_given and file is None):
                     rows.append(("", None))  # NULL (or blank) in, NULL out: nothing to send
                     continue
                 if endpoints[i] not in models:
                     models[endpoints[i]] = self.runtime.model_for(
                         spec.name, endpoints[i], required=spec.endpoint_required)
-                rows.append((models[endpoints[i]], spec.render(*texts)))
+                rows.append((models[endpoints[i]], spec.render(*texts), file))
             batches.append((call, rows))
         results = self.runtime.answer(batches)
         out: list[str | None] = [None] * len(firsts)
@@ -181,11 +210,18 @@ def install_parse_document(con: Any) -> None:
         f"path), got ' || typeof(content)) END")
 
 
-def result_structure(function: str, types: list[str], options: str) -> str:
-    """Bind time: check argument types, return the ``from_json`` structure of the result."""
+def result_structure(function: str, types: list[str], options: str,
+                     embedding_models: frozenset[str] = frozenset()) -> str:
+    """Bind time: check argument types, return the ``from_json`` structure of the result
+    (``FLOAT[]`` for ``ai_query`` on an embedding model named by a literal)."""
     spec = FUNCTIONS[function]
     if spec is AI_QUERY:  # before the type check, which would blame failOnError
-        check_not_legacy(json.loads(options))
+        shaping = json.loads(options)
+        check_not_legacy(shaping)
+        model = literal_endpoint(shaping.pop(ENDPOINT_ALIAS, None))
+        if model in embedding_models:
+            return json.dumps(embedding_result_type(shaping, model).duckdb_structure())
+        options = json.dumps(shaping)
     for param, type_name in zip(spec.params, types, strict=True):
         type_name = type_name.strip('"')
         if type_name == "NULL" or _ACCEPTS[param.accepts](type_name):
@@ -202,21 +238,38 @@ def _article(family: str) -> str:
     return f"an {family}" if family[0] in "AEIOU" else f"a {family}"
 
 
-def macro_sql(spec: AIFunction) -> str:
-    """``CREATE TEMP MACRO`` for one function (named parameters carry the defaults)."""
+def macro_sql(spec: AIFunction, typed_by_endpoint: bool = False) -> str:
+    """``CREATE TEMP MACRO`` for one function (named parameters carry the defaults).
+    ``typed_by_endpoint``: ``ai_query``'s result type depends on the model its endpoint
+    literal names (``FLOAT[]`` for an embedding model)."""
     params = ", ".join(p.name if p.default is REQUIRED else f"{p.name} := {_literal(p.default)}"
                        for p in spec.params)
     # The casts let the call bind whatever was passed, so that the type check below is what
     # reports a wrong argument type (by name) rather than DuckDB's "no function matches".
     texts = ([f"CAST({p.name} AS VARCHAR)" for p in spec.text_params]
              + ["NULL"] * (2 - len(spec.text_params)))
-    options = ", ".join(f"'{p.name}', {p.name}" for p in spec.option_params)
+    options = [f"'{p.name}', {p.name}" for p in spec.option_params]
     shaping = ", ".join(f"'{p.name}', {p.name}" for p in spec.option_params if p.shapes_result)
+    if spec is AI_QUERY and typed_by_endpoint:
+        # alias() of a literal is the literal as written ('bge'), constant when the query is
+        # bound, so the result type can follow the model it names. DuckDB cannot fold alias()
+        # of a column, so the endpoint must then be a literal (execute() says so).
+        shaping += f", '{ENDPOINT_ALIAS}', alias(endpoint)"
     types = ", ".join(f"typeof({p.name})" for p in spec.params)
+    files = spec.file_param
+    if files is None:
+        file_args = "NULL, NULL"
+    else:  # the files by their type, as lists; only the branch of the argument's type runs
+        name = files.name
+        options.append(f"'{FILES_TYPE}', typeof({name})")
+        file_args = ", ".join(
+            f"CASE WHEN {name} IS NULL THEN NULL WHEN typeof({name}) = '{kind}' "
+            f"THEN [TRY_CAST({name} AS {kind})] WHEN typeof({name}) = '{kind}[]' "
+            f"THEN TRY_CAST({name} AS {kind}[]) END" for kind in ("BLOB", "VARCHAR"))
     return (
         f"CREATE OR REPLACE TEMP MACRO {spec.name}({params}) AS from_json("
         f"{CALL_UDF}('{spec.name}', CAST(endpoint AS VARCHAR), {texts[0]}, {texts[1]}, "
-        f"json_object({options})), "
+        f"json_object({', '.join(options)}), {file_args}), "
         f"{TYPE_UDF}('{spec.name}', [{types}], json_object({shaping})))"
     )
 

@@ -32,7 +32,10 @@ from ..core.errors import InferenceConfigError
 from ..core.results import InferenceStats
 
 Outcome = tuple[Any, "str | None"]  # (SQL value, "<error_type>: <message>" or None)
-Row = tuple[str, "str | None"]  # (model, user message); a None message is SQL NULL: not sent
+# (model, user message[, file]); a None message is SQL NULL: not sent. The optional third item
+# is the row's ``files`` argument (an image's bytes, path or URL), sent as an image part.
+Row = tuple[Any, ...]
+Key = tuple[str, str, str, Any]  # (request id, model, message, file or None)
 NULL_OUTCOME: Outcome = (None, None)
 
 _SUMMED = ("rows", "succeeded", "failed", "deferred", "cached", "deduplicated", "requests",
@@ -55,14 +58,17 @@ class Runtime:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
-        self._inflight: dict[tuple[str, str, str], asyncio.Future] = {}  # loop thread only
+        self._inflight: dict[Key, asyncio.Future] = {}  # loop thread only
         self._stats = InferenceStats()
         self._stats_lock = threading.Lock()
 
     # -- models -----------------------------------------------------------------------------
     def model_for(self, function: str, endpoint: Any, *, required: bool) -> str:
-        """The served model an ``endpoint`` argument names; None means the default model."""
+        """The served model an ``endpoint`` argument names; None means the default model.
+        ``ai_query`` may also name an embedding model (its rows are embedded)."""
         served = self.client.settings.models
+        if function == "ai_query":
+            served = served | self.client.settings.embedding_models
         if endpoint is None:
             if required:
                 raise InferenceConfigError(f"{function}: argument 'endpoint' is NULL.")
@@ -95,12 +101,15 @@ class Runtime:
 
     async def _answer_batch(self, call: BoundCall, rows: Sequence[Row]) -> list[Outcome]:
         loop = asyncio.get_running_loop()
-        mine: dict[tuple[str, str, str], list[int]] = {}
-        theirs: dict[tuple[str, str, str], tuple[asyncio.Future, list[int]]] = {}
-        for i, (model, text) in enumerate(rows):
+        mine: dict[Key, list[int]] = {}
+        theirs: dict[Key, tuple[asyncio.Future, list[int]]] = {}
+        for i, row in enumerate(rows):
+            model, text = row[0], row[1]
             if text is None:
                 continue
-            key = (call.request_id, model, text)
+            # Identical bytes are one key (bytes hash by value); the request key that infer()
+            # computes covers them too, so the ledger tells different images apart.
+            key = (call.request_id, model, text, _file_key(row[2] if len(row) > 2 else None))
             if key in mine:
                 mine[key].append(i)
             elif key in theirs:
@@ -125,12 +134,15 @@ class Runtime:
             futures[key].set_result(outcome)
         outcomes: list[Outcome] = [NULL_OUTCOME] * len(rows)
         repeats = sum(len(v) for v in mine.values()) - len(mine)
+        embedding = self.client.settings.embedding_models
         for key, indices in mine.items():
-            outcome = read_outcome(call, futures[key].result())
+            # A vector is the value itself; the call's reader is for a chat reply.
+            outcome = (futures[key].result() if key[1] in embedding
+                       else read_outcome(call, futures[key].result()))
             for i in indices:
                 outcomes[i] = outcome
-        for future, indices in theirs.values():
-            outcome = read_outcome(call, await future)
+        for key, (future, indices) in theirs.items():
+            outcome = await future if key[1] in embedding else read_outcome(call, await future)
             for i in indices:
                 outcomes[i] = outcome
         with self._stats_lock:
@@ -139,13 +151,72 @@ class Runtime:
             self._stats.rows += len(rows) - len(mine)
         return outcomes
 
-    async def _infer(self, call: BoundCall, keys: list[tuple[str, str, str]]
+    async def _infer(self, call: BoundCall, keys: list[Key]
+                     ) -> list[tuple[Any, str | None]]:
+        """The (value, error) of each key's request: chat models' through ``infer``, embedding
+        models' through ``embed`` (a vector as a list of floats)."""
+        embedding = self.client.settings.embedding_models
+        if not any(k[1] in embedding for k in keys):
+            return await self._infer_chat(call, keys)
+        by_kind: dict[str | None, list[int]] = {}
+        for i, key in enumerate(keys):
+            by_kind.setdefault(key[1] if key[1] in embedding else None, []).append(i)
+        outcomes: list[tuple[Any, str | None]] = [(None, None)] * len(keys)
+        for model, indices in by_kind.items():
+            chosen = [keys[i] for i in indices]
+            found = (await self._infer_chat(call, chosen) if model is None
+                     else await self._embed(call, model, [k[2] for k in chosen]))
+            for i, outcome in zip(indices, found, strict=True):
+                outcomes[i] = outcome
+        return outcomes
+
+    async def _embed(self, call: BoundCall, model: str, texts: list[str]
                      ) -> list[tuple[Any, str | None]]:
         import pandas as pd
 
-        frame = pd.DataFrame({"model": [k[1] for k in keys], "prompt": [k[2] for k in keys]})
+        if call.params or call.response_format is not None:
+            raise InferenceConfigError(
+                f"{call.function}: '{model}' is an embedding model: it takes no "
+                "modelParameters or responseFormat (only failOnError).")
+        result = await self.client.aembed(
+            pd.DataFrame({"text": texts}), input_column="text", model=model,
+            output_column="output", error_column="error", partition_key=self.partition_key,
+            scope=self.scope, run_id=self.run_id, logger=self.logger)
+        self._add(result.stats)
+        return [(None if vector is None else vector.tolist(), error)
+                for vector, error in zip(result.df["output"], result.df["error"], strict=True)]
+
+    async def _infer_chat(self, call: BoundCall, keys: list[Key]
+                          ) -> list[tuple[Any, str | None]]:
+        """One ``infer`` for the rows without a file, one for those with one (images=)."""
+        with_file = [i for i, key in enumerate(keys) if key[3] is not None]
+        if not with_file:
+            return await self._infer_frame(call, keys, images=False)
+        if len(with_file) == len(keys):
+            return await self._infer_frame(call, keys, images=True)
+        chosen = set(with_file)
+        plain = [i for i in range(len(keys)) if i not in chosen]
+        outcomes: list[tuple[Any, str | None]] = [NULL_OUTCOME] * len(keys)
+        parts = await asyncio.gather(
+            self._infer_frame(call, [keys[i] for i in plain], images=False),
+            self._infer_frame(call, [keys[i] for i in with_file], images=True))
+        for indices, answered in zip((plain, with_file), parts, strict=True):
+            for i, outcome in zip(indices, answered, strict=True):
+                outcomes[i] = outcome
+        return outcomes
+
+    async def _infer_frame(self, call: BoundCall, keys: list[Key], *, images: bool
+                           ) -> list[tuple[Any, str | None]]:
+        import pandas as pd
+
+        columns = {"model": [k[1] for k in keys], "prompt": [k[2] for k in keys]}
+        if images:
+            columns[FILES_COLUMN] = [_file_cell(k[3]) for k in keys]
+        frame = pd.DataFrame(columns)
         models = set(frame["model"])
         route = {"model": next(iter(models))} if len(models) == 1 else {"model_column": "model"}
+        if images:
+            route["images"] = FILES_COLUMN
         inference_call = call.inference_call(
             prompt_column="prompt", output_column="output", error_column="error",
             partition_key=self.partition_key, scope=self.scope, **route)
@@ -204,6 +275,23 @@ class Runtime:
             _stop(loop, thread)
         if self._owns_client:
             self.client.close()
+
+
+# The frame column of ai_query's files argument: the name a bad file's row error shows.
+FILES_COLUMN = "files"
+
+
+def _file_key(value: Any) -> Any:
+    """A row's file as a hashable key: bytes, a path or URL, or a tuple of those."""
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, list):
+        return tuple(_file_key(v) for v in value)
+    return value
+
+
+def _file_cell(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:

@@ -26,6 +26,11 @@ passes are rolled back, so ``INSERT ... SELECT ai_query(...)`` writes once. Func
 outside ``execute`` still work, one request per distinct row (their answers are kept until the
 next ``execute``).
 
+``ai_query``'s ``files`` (Databricks' ``files => content``) is its seventh argument here: a BLOB
+holding the image, or TEXT holding its path or URL; a NULL there gives NULL without a request.
+A collect pass keeps the images it has collected until they are answered, so it answers them
+as soon as they hold more than 64 MiB: memory stays bounded in rows.
+
 SQLite has no structs: a structured result (``responseFormat``, ``ai_extract``, or
 ``failOnError`` false) is JSON text, read with ``->>`` or ``json_extract``. Optional arguments
 are positional: ``ai_query(endpoint, request, returnType, failOnError, modelParameters,
@@ -48,9 +53,11 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache, partial
 from typing import Any
 
+from ..ai_functions import documents
 from ..ai_functions.calls import BoundCall, sendable
 from ..ai_functions.catalogue import FUNCTIONS, REQUIRED, AIFunction
 from ..ai_functions.outcomes import as_json, failure, with_error
@@ -59,6 +66,7 @@ from .runtime import Outcome, Runtime
 
 _SAVEPOINT = "batchllm_collect"
 _MAX_PASSES = 16  # dependency depth of AI calls on each other; real queries use one or two
+_MAX_PENDING_FILE_BYTES = 64 * 1024 * 1024  # collected images answered early past this
 
 
 class SQLiteFunctions:
@@ -71,14 +79,19 @@ class SQLiteFunctions:
         self.runtime = runtime
         self.last_error: BaseException | None = None
         self._collecting = False
-        self._pending: dict[BoundCall, dict[tuple[str, str], None]] = {}
-        self._answers: dict[tuple[BoundCall, str, str], Outcome] = {}
+        # call -> (model, text, file id) -> the file (None without one), in collect order
+        self._pending: dict[BoundCall, dict[tuple[str, str, str | None], Any]] = {}
+        self._pending_file_bytes = 0
+        self._answers: dict[tuple[BoundCall, str, str, str | None], Outcome] = {}
         self._bind = lru_cache(maxsize=1024)(self._bind_uncached)
 
     def install(self) -> None:
         for function in FUNCTIONS.values():
             self.connection.create_function(function.name, -1, partial(self._scalar, function),
                                             deterministic=True)
+        # No model, so a plain per-row function (no collect pass): JSON text, as structs here.
+        self.connection.create_function(documents.NAME, 1, parse_document_json,
+                                        deterministic=True)
 
     # -- the two-pass execute ---------------------------------------------------------------
     def execute(self, query: str, parameters: Any = ()) -> Any:
@@ -117,14 +130,17 @@ class SQLiteFunctions:
             raise
 
     def _answer_pending(self) -> None:
-        batches = [(call, list(rows)) for call, rows in self._pending.items()]
+        keyed = [(call, list(rows.items())) for call, rows in self._pending.items()]
         self._pending = {}
-        for (call, rows), outcomes in zip(batches, self.runtime.answer(batches), strict=True):
+        self._pending_file_bytes = 0
+        batches = [(call, [(model, text, file) for (model, text, _), file in rows])
+                   for call, rows in keyed]
+        for (call, rows), outcomes in zip(keyed, self.runtime.answer(batches), strict=True):
             errors = [error for _, error in outcomes if error is not None]
             if errors and call.fail_on_error:
                 raise failure(call.function, errors, len(rows))
-            for (model, text), outcome in zip(rows, outcomes, strict=True):
-                self._answers[(call, model, text)] = outcome
+            for ((model, text, file_id), _), outcome in zip(rows, outcomes, strict=True):
+                self._answers[(call, model, text, file_id)] = outcome
 
     # -- the per-row function ---------------------------------------------------------------
     def _scalar(self, spec: AIFunction, *args: Any) -> Any:
@@ -149,16 +165,34 @@ class SQLiteFunctions:
             if not sendable(value):
                 return None  # blank text is NULL: nothing to send
             texts.append(value)
+        file = None
+        files = spec.file_param
+        if files is not None and files.name in values:  # given, so NULL is NULL in, NULL out
+            file = values[files.name]
+            if file is None:
+                return None
+            if not isinstance(file, bytes | str):
+                raise InferenceConfigError(
+                    f"{spec.name}: argument '{files.name}' must be a BLOB (the image) or TEXT "
+                    f"(its path or URL), got {type(file).__name__} {file!r:.60}.")
         model = self.runtime.model_for(spec.name, values.get("endpoint"),
                                        required=spec.endpoint_required)
         text = spec.render(*texts)
-        outcome = self._answers.get((call, model, text))
+        key = (call, model, text, _file_id(file))
+        outcome = self._answers.get(key)
         if outcome is None:
             if self._collecting:
-                self._pending.setdefault(call, {})[(model, text)] = None
+                pending = self._pending.setdefault(call, {})
+                if key[1:] not in pending and isinstance(file, bytes):
+                    self._pending_file_bytes += len(file)
+                pending[key[1:]] = file
+                if self._pending_file_bytes > _MAX_PENDING_FILE_BYTES:
+                    self._answer_pending()  # images are large: answer before holding more
+                    return _sql_value(call, self._answers[key])
                 return _placeholder(call)
-            outcome = self.runtime.answer([(call, [(model, text)])])[0][0]
-            self._answers[(call, model, text)] = outcome
+            row = (model, text) if file is None else (model, text, file)
+            outcome = self.runtime.answer([(call, [row])])[0][0]
+            self._answers[key] = outcome
         return _sql_value(call, outcome)
 
     def _bind_uncached(self, function: str, options: tuple) -> BoundCall:
@@ -173,6 +207,26 @@ def _arguments(spec: AIFunction, args: tuple) -> dict[str, Any]:
             f"{spec.name} takes {least} to {len(spec.params)} arguments, got {len(args)}. "
             f"Signature: {spec.signature()}; pass NULL for an optional argument to skip it.")
     return {p.name: value for p, value in zip(spec.params, args, strict=False)}  # rest: defaults
+
+
+def parse_document_json(content: Any) -> str | None:
+    """SQLite's ``ai_parse_document(content)``: the ``PARSED_DOCUMENT`` struct as JSON text
+    (read it with ``->>``: ``ai_parse_document(content) ->> '$.text'``). A BLOB is the PDF, TEXT
+    its path; anything else is that row's ``error``."""
+    if content is not None and not isinstance(content, bytes | str):
+        return as_json({"page_count": None, "pages": None, "text": None, "error": (
+            f"content must be a BLOB (the PDF) or TEXT (its path), got "
+            f"{type(content).__name__}")})
+    value = documents.parse_document_value(content)
+    return None if value is None else as_json(value)
+
+
+def _file_id(file: bytes | str | None) -> str | None:
+    """What tells one row's file from another's without holding its bytes: a digest of the
+    bytes (a BLOB), or the path or URL itself (TEXT)."""
+    if isinstance(file, bytes):
+        return "blob sha256:" + hashlib.sha256(file).hexdigest()
+    return None if file is None else "text:" + file
 
 
 def _placeholder(call: BoundCall) -> Any:

@@ -141,3 +141,15 @@ def test_close_cancels_items_still_gathering():
             await waiting
 
     asyncio.run(scenario())
+
+
+def test_a_retried_group_counts_its_retry_once():
+    class FailsOnce(FakeSender):
+        async def send(self, request, attempts):
+            attempts.count += 1  # the first attempt failed and was retried, as the loop does
+            return await super().send(request, attempts)
+
+    delivery = GroupingDelivery(FailsOnce(), UpperTask(items_per_request=4))
+    _, attempts = asyncio.run(send_all(delivery, ["a", "b", "c", "d"]))
+    assert sum(max(0, a.count - 1) for a in attempts) == 1  # the engine's retries figure
+    assert sum(a.sent for a in attempts) == 1 and all(a.count >= 1 for a in attempts)

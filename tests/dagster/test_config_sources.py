@@ -39,9 +39,12 @@ def _spec_default(spec_field: dataclasses.Field):
 
 
 def _config_default(config_field):
+    """As the spec holds it: config lists are the specs' tuples."""
     if config_field.default_factory is not None:
-        return config_field.default_factory()
-    return config_field.default
+        value = config_field.default_factory()
+    else:
+        value = config_field.default
+    return tuple(value) if isinstance(value, list) else value
 
 
 @pytest.mark.parametrize(("config_class", "spec", "config_only", "spec_only"), PAIRS)
@@ -80,11 +83,13 @@ def test_to_settings_and_to_spec_copy_every_field(tmp_path):
     endpoint = Endpoint(name="gpu-a", base_url="http://127.0.0.1:9/v1", models=["m1", "m2"],
                         max_concurrency=3, api_key="k", tokens_per_minute=100,
                         requests_per_minute=10, rate_limit_window_s=5.0,
-                        max_context_tokens=2048)
+                        max_context_tokens=2048, embedding_models=["e1"], batch_api=True,
+                        max_requests_per_batch=10, max_bytes_per_batch=4096)
     assert endpoint.to_spec() == EndpointSpec(
         name="gpu-a", base_url="http://127.0.0.1:9/v1", models=("m1", "m2"), max_concurrency=3,
         api_key="k", tokens_per_minute=100, requests_per_minute=10, rate_limit_window_s=5.0,
-        max_context_tokens=2048)
+        max_context_tokens=2048, embedding_models=("e1",), batch_api=True,
+        max_requests_per_batch=10, max_bytes_per_batch=4096)
     managed = ManagedEndpoint(kind="llama-server", name="llm", max_concurrency=2, process=True,
                               model_path="/m.gguf", model_name="g", context_per_slot=512,
                               threads=3)
@@ -99,7 +104,7 @@ def test_to_settings_and_to_spec_copy_every_field(tmp_path):
         breaker_cooldown_s=4.0, default_max_tokens=64, token_budget=1000, default_model="m1",
         http_client="openai", coordinate_runs=False, coordination_interval_s=0.125,
         chunk_rows=10, ledger_flush_rows=3, ledger_flush_interval_s=0.5,
-        progress_interval_s=9.0,
+        progress_interval_s=9.0, batch_poll_initial_s=0.25, batch_poll_max_s=5.0,
         endpoint_unreachable_after_s=2.0, ledger_outage_s=5.0, ledger_statement_timeout_s=3.0,
     )
     copied_by_name = {f.name for f in dataclasses.fields(InferenceSettings)} - set(
@@ -117,4 +122,4 @@ def test_to_settings_and_to_spec_copy_every_field(tmp_path):
     settings = resource.to_settings()
     assert {name: getattr(settings, name) for name in changed} == changed
     assert settings.endpoints == (endpoint.to_spec(),)
-    assert settings.model_prices == (("m1", 1.0, 2.0),)
+    assert settings.model_prices == (("m1", 1.0, 2.0, 0.5, 1.0),)  # batch: half, by default

@@ -149,7 +149,7 @@ def test_response_format_gives_json_text(sim, make_client, con):
      r"argument 'responseFormat': unknown type '>'"),
     ("SELECT ai_query('sim-model', text, NULL, NULL, '{\"max_tokens\": 0}') FROM tickets",
      r"argument 'modelParameters.max_tokens' must be at least 1"),
-    ("SELECT ai_query('sim-model') FROM tickets", r"ai_query takes 2 to 6 arguments, got 1"),
+    ("SELECT ai_query('sim-model') FROM tickets", r"ai_query takes 2 to 7 arguments, got 1"),
     ("SELECT ai_classify(text, 'refund') FROM tickets",
      r"argument 'labels' must be an ARRAY<STRING>.*not JSON"),
     ("SELECT ai_translate(text, '') FROM tickets", r"argument 'to_lang' must be a non-empty"),

@@ -1,0 +1,341 @@
+"""The batch book: which request keys were submitted in which provider batch, beside the ledger.
+
+Two tables in the ledger's database (``<ledger>_batches``, ``<ledger>_batch_lines``). A key is
+written here, with its batch's submission id, *before* the provider hears of the batch, so a
+rerun after a crash, or a concurrent run of another partition, finds it in a live batch and
+waits for that batch instead of paying for it again. When a batch ends, its output and error
+files are streamed into its lines (the reply body, or the error with whether a retry may fix
+it); the next pass of the call hands those to the engine as replies, so they are parsed by the
+task and recorded in the ledger like online answers.
+
+A batch row goes ``submitting`` (recorded, not yet created at the provider) -> the provider's
+statuses (``validating``, ``in_progress``, ``finalizing``, ``completed``, ``expired``,
+``cancelled``, ``failed``) -> ``collecting`` -> ``collected``; ``submit_failed`` when the
+provider refused it (its lines then hold the error).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from .ledger import Ledger
+
+SUBMITTING, COLLECTING, COLLECTED, SUBMIT_FAILED = (
+    "submitting", "collecting", "collected", "submit_failed")
+#: Provider statuses after which a batch answers nothing more.
+ENDED = ("completed", "expired", "cancelled", "failed")
+#: Line states.
+PENDING, LINE_OK, LINE_FAILED, LINE_MISSING = "pending", "ok", "failed", "missing"
+_CHUNK = 500
+# A submission or collection whose owner has not been heard of for this long (and whose process
+# is not known alive) is taken over by the next run.
+STALE_AFTER_S = 30 * 60.0
+
+
+def owner_id() -> str:
+    """``host:pid`` of this process: who is submitting or collecting."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def owner_alive(owner: str | None, updated_at: float) -> bool:
+    """Whether the process that wrote a row may still be working on it."""
+    host, _, pid = (owner or "").rpartition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return time.time() - updated_at < STALE_AFTER_S
+
+
+@dataclass(frozen=True, slots=True)
+class LineState:
+    """A key's latest line: in which batch, which attempt, and what came of it."""
+
+    submission_id: str
+    batch_id: str | None
+    batch_status: str
+    attempt: int
+    state: str
+    response: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None
+    error_type: str | None
+    retryable: bool
+    latency_s: float
+
+    @property
+    def batch_name(self) -> str:
+        return self.batch_id or self.submission_id
+
+
+def _tables(ledger_table: str) -> tuple[sa.Table, sa.Table]:
+    schema, _, table = ledger_table.rpartition(".")
+    metadata = sa.MetaData(schema=schema or None)
+    batches = sa.Table(
+        f"{table}_batches", metadata,
+        sa.Column("submission_id", sa.String(40), primary_key=True),
+        sa.Column("provider", sa.String(32), nullable=False),
+        sa.Column("endpoint", sa.String(255), nullable=False),
+        sa.Column("model", sa.String(255), nullable=False),
+        sa.Column("route", sa.String(64), nullable=False),
+        sa.Column("batch_id", sa.String(128)),
+        sa.Column("input_file_id", sa.String(128)),
+        sa.Column("output_file_id", sa.String(128)),
+        sa.Column("error_file_id", sa.String(128)),
+        sa.Column("status", sa.String(32), nullable=False),
+        sa.Column("lines", sa.Integer, nullable=False),
+        sa.Column("bytes", sa.BigInteger, nullable=False),
+        sa.Column("request_counts", sa.Text),
+        sa.Column("errors", sa.Text),
+        sa.Column("scope", sa.String(255), nullable=False, default=""),
+        sa.Column("partition_key", sa.String(255), nullable=False, default=""),
+        sa.Column("run_id", sa.String(64)),
+        sa.Column("owner", sa.String(255)),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("updated_at", sa.Float, nullable=False),
+        sa.Column("ended_at", sa.Float),
+        sa.Index(f"ix_{table}_batches_status", "status"),
+    )
+    # One line per (key, attempt): two runs that both try to submit a key's next attempt
+    # cannot both succeed, on SQLite or PostgreSQL, so neither needs a lock or a claim.
+    lines = sa.Table(
+        f"{table}_batch_lines", metadata,
+        sa.Column("request_key", sa.String(64), primary_key=True),
+        sa.Column("attempt", sa.Integer, primary_key=True),
+        sa.Column("submission_id", sa.String(40), nullable=False),
+        sa.Column("state", sa.String(16), nullable=False),
+        sa.Column("response", sa.Text),
+        sa.Column("prompt_tokens", sa.Integer, nullable=False, default=0),
+        sa.Column("completion_tokens", sa.Integer, nullable=False, default=0),
+        sa.Column("error", sa.Text),
+        sa.Column("error_type", sa.String(64)),
+        sa.Column("retryable", sa.Boolean, nullable=False, default=False),
+        # (submission, key) and not (submission, state): with the latter SQLite answers
+        # "WHERE request_key = ? AND submission_id = ?" by scanning the batch's lines.
+        sa.Index(f"ix_{table}_batch_lines_sub_key", "submission_id", "request_key"),
+    )
+    return batches, lines
+
+
+class BatchBook:
+    """The two tables, on the ledger's engine. The per-line statements (a row's insert,
+    lookup and settling, 100,000s a call) are plain SQL through the driver: SQLAlchemy's
+    per-row parameter processing would cost more than the rest of the line's work."""
+
+    def __init__(self, ledger: Ledger):
+        self.engine = ledger.engine
+        self.batches, self.lines = _tables(
+            f"{ledger.table.schema + '.' if ledger.table.schema else ''}{ledger.table.name}")
+        mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
+        lines, batches = _quoted(self.engine, self.lines), _quoted(self.engine, self.batches)
+        self._insert_line = (
+            f"INSERT INTO {lines} (request_key, attempt, submission_id, state, prompt_tokens, "
+            f"completion_tokens, retryable) VALUES ({mark}, {mark}, {mark}, '{PENDING}', 0, 0, "
+            f"{'0' if mark == '?' else 'false'}) ON CONFLICT DO NOTHING")
+        self._settle_line = (
+            f"UPDATE {lines} SET state = {mark}, response = {mark}, error = {mark}, "
+            f"error_type = {mark}, retryable = {mark} WHERE request_key = {mark} AND "
+            f"submission_id = {mark}")
+        self._mark = mark
+        self._latest = (
+            f"SELECT l.request_key, l.submission_id, l.attempt, l.state, l.response, "
+            f"l.prompt_tokens, l.completion_tokens, l.error, l.error_type, l.retryable, "
+            f"b.batch_id, b.status, b.created_at, b.ended_at FROM {lines} l JOIN {batches} b "
+            f"ON b.submission_id = l.submission_id WHERE l.request_key IN ")
+        self._ours = (f"SELECT request_key FROM {lines} WHERE submission_id = {mark} "
+                      "AND request_key IN ")
+        try:
+            self.batches.metadata.create_all(self.engine, checkfirst=True)
+        except sa.exc.DatabaseError:  # created by another process meanwhile
+            if not sa.inspect(self.engine).has_table(self.lines.name, schema=self.lines.schema):
+                raise
+
+    # -- submitting --------------------------------------------------------------------------
+    def record_submission(self, row: dict[str, Any]) -> None:
+        """A batch being written (status ``submitting``), before any of its keys; they follow
+        with :meth:`add_lines`, and the file is uploaded after the last of them."""
+        now = time.time()
+        with self.engine.begin() as conn:
+            conn.execute(self.batches.insert().values(
+                **row, status=SUBMITTING, owner=owner_id(), created_at=now, updated_at=now))
+
+    def add_lines(self, submission_id: str, keys: Sequence[tuple[str, int]]) -> set[str]:
+        """Record keys (with their attempt numbers) in a batch being written; the keys whose
+        attempt another run recorded first are left out. Returns the keys recorded here."""
+        if not keys:
+            return set()
+        mark = self._mark
+        with self.engine.begin() as conn:
+            inserted = conn.exec_driver_sql(
+                self._insert_line, [(key, attempt, submission_id) for key, attempt in keys])
+            ours: set[str] = set()
+            if inserted.rowcount == len(keys):  # the usual case: no other run had any of them
+                ours.update(key for key, _ in keys)
+            for start in range(0, len(keys) if not ours else 0, _CHUNK):
+                chunk = [key for key, _ in keys[start:start + _CHUNK]]
+                ours.update(k for (k,) in conn.exec_driver_sql(
+                    self._ours + f"({', '.join([mark] * len(chunk))})",
+                    (submission_id, *chunk)))
+            conn.execute(self.batches.update()
+                         .where(self.batches.c.submission_id == submission_id)
+                         .values(updated_at=time.time()))
+        return ours
+
+    def update_batch(self, submission_id: str, *, expect_status: str | None = None,
+                     **values: Any) -> bool:
+        """Change a batch's row (only while its status is ``expect_status``, if given)."""
+        t = self.batches
+        query = t.update().where(t.c.submission_id == submission_id)
+        if expect_status is not None:
+            query = query.where(t.c.status == expect_status)
+        with self.engine.begin() as conn:
+            return conn.execute(query.values(**values, updated_at=time.time())).rowcount == 1
+
+    def claim(self, submission_id: str, seen_status: str, new_status: str,
+              **values: Any) -> bool:
+        """Move a batch from ``seen_status`` to ``new_status`` unless another run did first."""
+        return self.update_batch(submission_id, expect_status=seen_status, status=new_status,
+                                 owner=owner_id(), **values)
+
+    def forget_submission(self, submission_id: str) -> None:
+        """A submission the provider never created: its keys are free to be submitted again."""
+        with self.engine.begin() as conn:
+            conn.execute(self.lines.delete().where(self.lines.c.submission_id == submission_id))
+            conn.execute(self.batches.delete()
+                         .where(self.batches.c.submission_id == submission_id))
+
+    def fail_lines(self, submission_id: str, error: str, error_type: str,
+                   retryable: bool) -> None:
+        """Every line of a batch that was refused or failed as a whole gets its error."""
+        with self.engine.begin() as conn:
+            conn.execute(self.lines.update()
+                         .where(self.lines.c.submission_id == submission_id,
+                                self.lines.c.state == PENDING)
+                         .values(state=LINE_FAILED, error=error, error_type=error_type,
+                                 retryable=retryable))
+
+    # -- collecting --------------------------------------------------------------------------
+    def settle_lines(self, submission_id: str, outcomes: Sequence[dict[str, Any]]) -> None:
+        """Write line outcomes (``request_key``, ``state``, ``response``, tokens, ``error``,
+        ``error_type``, ``retryable``) of one batch."""
+        if not outcomes:
+            return
+        with self.engine.begin() as conn:
+            conn.exec_driver_sql(self._settle_line, [
+                (o["state"], o["response"], o["error"], o["error_type"], o["retryable"],
+                 o["request_key"], submission_id) for o in outcomes])
+
+    def mark_missing(self, submission_id: str, error: str, error_type: str) -> int:
+        """Lines the ended batch answered neither way: a next batch may submit them again."""
+        with self.engine.begin() as conn:
+            return conn.execute(
+                self.lines.update()
+                .where(self.lines.c.submission_id == submission_id,
+                       self.lines.c.state == PENDING)
+                .values(state=LINE_MISSING, error=error, error_type=error_type,
+                        retryable=True)).rowcount
+
+    # -- reading -----------------------------------------------------------------------------
+    def batch(self, submission_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(self.batches).where(
+                self.batches.c.submission_id == submission_id)).mappings().first()
+        return dict(row) if row else None
+
+    def unfinished(self, endpoints: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Batches not yet collected (oldest first), of the given endpoints."""
+        t = self.batches
+        query = sa.select(t).where(t.c.status.not_in((COLLECTED, SUBMIT_FAILED)))
+        if endpoints is not None:
+            query = query.where(t.c.endpoint.in_(list(endpoints)))
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query.order_by(t.c.created_at)).mappings()]
+
+    def all_batches(self, scope: str | None = None,
+                    partition_key: str | None = None) -> list[dict[str, Any]]:
+        t = self.batches
+        query = sa.select(t).order_by(t.c.created_at)
+        if scope is not None:
+            query = query.where(t.c.scope == scope)
+        if partition_key is not None:
+            query = query.where(t.c.partition_key == partition_key)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def latest_lines(self, keys: Sequence[str]) -> dict[str, LineState]:
+        """Each key's latest line (highest attempt), with its batch's id and status."""
+        found: dict[str, LineState] = {}
+        mark = self._mark
+        with self.engine.connect() as conn:
+            for start in range(0, len(keys), _CHUNK):
+                chunk = keys[start:start + _CHUNK]
+                rows = conn.exec_driver_sql(
+                    self._latest + f"({', '.join([mark] * len(chunk))})", tuple(chunk))
+                for (key, sub, attempt, state, response, prompt_tokens, completion_tokens,
+                     error, error_type, retryable, batch_id, status, created_at,
+                     ended_at) in rows:
+                    held = found.get(key)
+                    if held is not None and held.attempt >= attempt:
+                        continue
+                    found[key] = LineState(
+                        sub, batch_id, status, attempt, state, response, prompt_tokens,
+                        completion_tokens, error, error_type, bool(retryable),
+                        max(0.0, (ended_at or created_at) - created_at))
+        return found
+
+    def line_counts(self, submission_id: str) -> dict[str, int]:
+        t = self.lines
+        with self.engine.connect() as conn:
+            return dict(conn.execute(
+                sa.select(t.c.state, sa.func.count()).where(t.c.submission_id == submission_id)
+                .group_by(t.c.state)).all())
+
+
+def _quoted(engine: sa.Engine, table: sa.Table) -> str:
+    preparer = engine.dialect.identifier_preparer
+    name = preparer.quote(table.name)
+    return f"{preparer.quote_schema(table.schema)}.{name}" if table.schema else name
+
+
+def counts_text(request_counts: str | dict | None) -> str:
+    counts = json.loads(request_counts) if isinstance(request_counts, str) else (
+        request_counts or {})
+    return (f"{counts.get('completed', 0)}/{counts.get('total', 0)} lines answered, "
+            f"{counts.get('failed', 0)} failed")
+
+
+_WAIT_NAME = re.compile(r"waiting for batch (?:\(file )?([A-Za-z0-9_\-]+)")
+
+
+def waiting_for_batches(ledger: Ledger, scope: str | None = None
+                        ) -> dict[str, dict[str, int]]:
+    """Deferred rows that wait for a batch, per partition: ``{partition: {batch: rows}}``
+    (the batch's provider id, or its submission id before the provider gave one)."""
+    t = ledger.table
+    query = (sa.select(t.c.partition_key, t.c.error, sa.func.count())
+             .where(t.c.status == "deferred", t.c.error.like("deferred: waiting for batch%"))
+             .group_by(t.c.partition_key, t.c.error))
+    if scope is not None:
+        query = query.where(t.c.scope == scope)
+    found: dict[str, dict[str, int]] = {}
+    with ledger.engine.connect() as conn:
+        for partition, error, rows in conn.execute(query):
+            match = _WAIT_NAME.search(error or "")
+            if match:
+                names = found.setdefault(partition, {})
+                names[match.group(1)] = names.get(match.group(1), 0) + int(rows)
+    return found

@@ -1,0 +1,155 @@
+"""``EmbedCall``: what one embeddings call says, frozen and checked before a row is read.
+
+The embeddings counterpart of :class:`~.call.InferenceCall`: which text to embed (a template
+over the input's columns, or one column), with which model and size, how many inputs go in
+one request, and where the vectors go. ``embed()``, the embeddings asset and the SQL and Spark
+functions all build one.
+
+Example::
+
+    >>> call = EmbedCall(input="{title}: {body}", model="bge-large")
+    >>> call.input_columns(), call.output_column, call.error_column
+    (['title', 'body'], 'embedding', 'embedding_error')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .call import check_template, template_fields
+from .errors import InferenceConfigError
+from .ledger import validate_identifier
+
+# OpenAI takes up to 2048 inputs per request; vLLM and TEI batch whatever they are sent.
+MAX_INPUTS_PER_REQUEST = 2048
+# What a request's inputs may reserve together by default (one token per UTF-8 byte, an upper
+# bound): 64 transcripts of ~150 words fit, and no server sees one request of megabytes.
+DEFAULT_MAX_REQUEST_TOKENS = 65_536
+
+
+def _field(default: Any, description: str) -> Any:
+    return field(default=default, metadata={"description": description})
+
+
+@dataclass(frozen=True)
+class EmbedCall:
+    """Which text of each row to embed, with what, and where the vectors go."""
+
+    input: str | None = _field(
+        None, "A template over the input's columns giving the text to embed, e.g. "
+        "'{title}: {body}' (literal braces as {{ and }}).")
+    input_column: str | None = _field(None, "A column holding each row's text as it is.")
+    model: str | None = _field(
+        None, "The embedding model (as in an Endpoint's embedding_models); by default the only "
+        "one served.")
+    output_column: str = _field(
+        "embedding", "The column that receives the vectors (errors go to <column>_error).")
+    error_column: str | None = _field(None, "The error column; by default <output_column>_error.")
+    dimensions: int | None = _field(
+        None, "Vector size to ask for (models that support it, e.g. OpenAI's text-embedding-3); "
+        "None: the model's own size.")
+    inputs_per_request: int = _field(64, "Most inputs sent in one request.")
+    max_request_tokens: int | None = _field(
+        DEFAULT_MAX_REQUEST_TOKENS, "Most tokens one request's inputs may hold together, "
+        "counted as an upper bound (one per UTF-8 byte); a request closes early at it.")
+    max_input_tokens: int | None = _field(
+        None, "Longest input, in estimated tokens (4 characters each), sent at all; longer "
+        "inputs fail as rows before sending. By default the endpoints' max_context_tokens, "
+        "where they set it, and otherwise the server decides.")
+    cells_as_text: bool = _field(
+        False, "Render numbers, booleans, timestamps and UTF-8 bytes as text; by default such "
+        "a cell is a per-row error.")
+    token_budget: int | None = _field(
+        None, "Most tokens this call may spend; rows past it are deferred to a later call.")
+    scope: str = _field("", "The ledger scope of the rows (an asset's key).")
+    partition_key: str = _field("", "The ledger partition of the rows.")
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalized values are set once, here
+        if (self.input is None) == (self.input_column is None):
+            raise InferenceConfigError(
+                "pass exactly one of input= (a template such as '{title}: {body}') or "
+                "input_column= (a column of texts).")
+        if self.input is not None:
+            check_template(self.input, "input template")
+        validate_identifier(self.output_column, "output column")
+        set_(self, "error_column", self.error_column or f"{self.output_column}_error")
+        validate_identifier(self.error_column, "output column")
+        if self.dimensions is not None:
+            set_(self, "dimensions", _positive("dimensions", self.dimensions))
+        per_request = _positive("inputs_per_request", self.inputs_per_request)
+        if per_request > MAX_INPUTS_PER_REQUEST:
+            raise InferenceConfigError(
+                f"inputs_per_request must be at most {MAX_INPUTS_PER_REQUEST} (OpenAI's limit), "
+                f"got {per_request}.")
+        set_(self, "inputs_per_request", per_request)
+        for name in ("max_request_tokens", "max_input_tokens", "token_budget"):
+            if getattr(self, name) is not None:
+                set_(self, name, _positive(name, getattr(self, name)))
+        set_(self, "scope", self.scope or "")
+        set_(self, "partition_key", self.partition_key or "")
+
+    @classmethod
+    def of(cls, call: EmbedCall | None = None, /, **fields: Any) -> EmbedCall:
+        """``call`` with ``fields`` changed, or a new call from ``fields``."""
+        unknown = sorted(set(fields) - _FIELD_NAMES)
+        if unknown:
+            raise InferenceConfigError(
+                f"embed() has no argument(s) {unknown}; it takes {sorted(_FIELD_NAMES)}.")
+        if call is None:
+            return cls(**fields)
+        return dataclasses.replace(call, **fields) if fields else call
+
+    def bind(self, columns: Sequence[str], embedding_models: frozenset[str],
+             chat_models: frozenset[str]) -> EmbedCall:
+        """The call checked against a table's columns and the served embedding models, with
+        the model filled in when only one is served; every mistake raises before sending."""
+        call = self
+        if self.model is None:
+            if len(embedding_models) != 1:
+                raise InferenceConfigError(
+                    "Pass model= (an embedding model): "
+                    + (f"the endpoints serve {sorted(embedding_models)}." if embedding_models
+                       else "no endpoint lists embedding_models=[...]."))
+            call = dataclasses.replace(self, model=next(iter(embedding_models)))
+        if call.model not in embedding_models:
+            hint = (f" '{call.model}' is served on /chat/completions; a model served on "
+                    "/embeddings goes in the Endpoint's embedding_models=[...]."
+                    if call.model in chat_models else
+                    " Add it to an Endpoint's embedding_models=[...].")
+            raise InferenceConfigError(
+                f"No configured endpoint serves embedding model '{call.model}'. Served "
+                f"embedding models: {sorted(embedding_models)}.{hint}")
+        missing = [c for c in call.input_columns() if c not in columns]
+        if missing:
+            raise InferenceConfigError(
+                f"Column(s) {missing} are not in the input table; available columns: "
+                f"{list(columns)}.")
+        return call
+
+    def input_columns(self) -> list[str]:
+        return template_fields(self.input) if self.input is not None else [self.input_column]
+
+    @property
+    def code_version(self) -> str:
+        """A short hash of what goes into the request keys: when it changes, every row is
+        embedded again, so Dagster should call the asset stale."""
+        sent = {"task": "embed", **{name: getattr(self, name) for name in _SENT_FIELDS}}
+        text = json.dumps(sent, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(EmbedCall))
+_SENT_FIELDS = ("input", "input_column", "model", "dimensions", "cells_as_text")
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise InferenceConfigError(f"{name} must be a positive whole number, got {value!r}.")
+    return int(value)

@@ -1,0 +1,287 @@
+"""Embeddings: each row's text becomes one float32 vector, many inputs per ``/embeddings`` request.
+
+:class:`EmbedTask` is a :class:`~.tasks.Task` and a :class:`~.grouping.GroupedTask`: the engine
+keys, deduplicates, looks up, budgets and records every input on its own, and the grouping
+delivery puts up to ``inputs_per_request`` of them in one request (a request refused because
+of one input is split until only that input fails).
+
+A request key is the SHA-256 of (model, dimensions, stored encoding, text): the same text is
+embedded once per model and size, whichever table, template or run it comes from. Requests ask
+for ``encoding_format="base64"`` (OpenAI, vLLM and TEI support it): the little-endian float32
+bytes, base64-encoded. That string is what the ledger keeps for the input, as it came (no
+re-encoding; 4/3 of the raw bytes, not JSON numbers), and what :meth:`EmbedTask.value` decodes
+with numpy. A server that refuses base64 is asked for floats for the rest of the run (per
+model), and its vectors are stored in the same form.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .embed_call import EmbedCall
+from .errors import (
+    ContextLengthExceededError,
+    EndpointError,
+    ErrorType,
+    InvalidInputError,
+    MalformedResponseError,
+    RowError,
+)
+from .grouping import GroupingDelivery
+from .prompts import RowRequest, cell_text, render_template
+from .transport import EMBEDDINGS_ROUTE, Completion
+
+# What one input adds to a request's token bound besides its bytes (a BOS/EOS pair or so).
+_TOKENS_PER_INPUT = 4
+_TYPICAL_CHARS_PER_TOKEN = 4
+# The stored form of every vector; part of the key, so a change of form is a new key.
+STORED_ENCODING = "float32-base64"
+
+
+class EmbedTask:
+    """One vector per row, from ``/embeddings``; several rows per request."""
+
+    route = EMBEDDINGS_ROUTE
+    max_chunk_rows: int | None = None
+
+    def __init__(self, call: EmbedCall):
+        if call.model is None:
+            raise ValueError("EmbedTask needs a bound call (its model filled in)")
+        self.call = call
+        self.items_per_request = call.inputs_per_request
+        self.max_request_tokens = call.max_request_tokens
+        # The key's prefix: model, size and stored form as JSON (which escapes NULs), then NUL.
+        self._key_prefix = ("embedding\x00" + json.dumps(
+            [call.model, call.dimensions, STORED_ENCODING], separators=(",", ":"))
+            + "\x00").encode("utf-8")
+        self._float_models: set[str] = set()  # models whose endpoints refused base64
+        self._sizes: dict[str, int] = {}  # model -> vector size seen first (no dimensions=)
+
+    # -- rows into requests ------------------------------------------------------------------
+    def requests(self, rows: Iterator[tuple]) -> Iterator[RowRequest | RowError]:
+        call = self.call
+        columns = call.input_columns()
+        position = {c: i for i, c in enumerate(columns)}
+        template, as_text = call.input, call.cells_as_text
+        column = call.input_column
+        model, prefix, sha256 = call.model, self._key_prefix, hashlib.sha256
+        limit = call.max_input_tokens
+        for row in rows:
+            try:
+                if template is not None:
+                    text = render_template(template, columns, row, position, as_text)
+                else:
+                    text = cell_text(row[0], column, as_text)
+                try:
+                    data = text.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise InvalidInputError(
+                        f"the input is not valid Unicode text ({exc.reason})") from None
+                typical = math.ceil(len(text) / _TYPICAL_CHARS_PER_TOKEN)
+                if limit is not None and typical > limit:
+                    raise ContextLengthExceededError(
+                        f"the input (~{typical} tokens) is longer than max_input_tokens "
+                        f"({limit}); shorten or split it")
+                yield RowRequest(key=sha256(prefix + data).hexdigest(), model=model, body=b"",
+                                 reserve_tokens=len(data) + _TOKENS_PER_INPUT,
+                                 typical_prompt_tokens=typical, max_tokens=0, payload=text)
+            except RowError as error:
+                yield error
+
+    def group_request(self, items: list[RowRequest]) -> RowRequest:
+        model = items[0].model
+        body: dict[str, Any] = {
+            "model": model, "input": [item.payload for item in items],
+            "encoding_format": "float" if model in self._float_models else "base64"}
+        if self.call.dimensions is not None:
+            body["dimensions"] = self.call.dimensions
+        return RowRequest(
+            key="", model=model,
+            body=json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8"),
+            reserve_tokens=sum(item.reserve_tokens for item in items),
+            typical_prompt_tokens=sum(item.typical_prompt_tokens for item in items),
+            max_tokens=0, payload=items)
+
+    def deliver(self, delivery: Any) -> GroupingDelivery:
+        return GroupingDelivery(FloatFallback(delivery, self), self)
+
+    # -- replies into vectors ----------------------------------------------------------------
+    @staticmethod
+    def parse_reply(raw: bytes, *, endpoint: str, latency_s: float) -> Completion:
+        """A 200 reply of ``/embeddings``: its vectors (base64 strings or lists of numbers) in
+        input order, as the Completion's payload, and its usage."""
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            snippet = raw[:120].decode("utf-8", "replace")
+            raise MalformedResponseError(
+                f"endpoint '{endpoint}' answered 200 with a body that is not JSON: "
+                f"{snippet!r}") from None
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
+            keys = sorted(payload)[:8] if isinstance(payload, dict) else type(payload).__name__
+            raise MalformedResponseError(
+                f"endpoint '{endpoint}' answered 200 without a 'data' list of embeddings "
+                f"(got {keys})")
+        indexes = [d.get("index") for d in data]
+        in_order = list(range(len(data)))
+        # The indexes say the order; a server that sends none answers in input order.
+        if indexes != in_order and indexes != [None] * len(data):
+            if not all(type(i) is int for i in indexes) or sorted(indexes) != in_order:
+                raise MalformedResponseError(
+                    f"endpoint '{endpoint}' answered embeddings whose indexes are not "
+                    f"0..{len(data) - 1}")
+            data = sorted(data, key=lambda d: d["index"])
+        usage = payload.get("usage")
+        reported = isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int)
+        return Completion(content="", prompt_tokens=usage["prompt_tokens"] if reported else 0,
+                          completion_tokens=0, usage_reported=reported, finish_reason=None,
+                          latency_s=latency_s, payload=[d.get("embedding") for d in data])
+
+    def split_reply(self, reply: Completion, items: list[RowRequest]
+                    ) -> list[Completion | RowError]:
+        vectors = reply.payload
+        if len(vectors) != len(items):
+            raise MalformedResponseError(
+                f"the reply holds {len(vectors)} vectors for {len(items)} inputs")
+        shares = _token_shares(reply.prompt_tokens, [i.typical_prompt_tokens for i in items])
+        expected = self.call.dimensions
+        model = items[0].model
+        parts: list[Completion | RowError] = []
+        for vector, tokens in zip(vectors, shares, strict=True):
+            try:
+                content, size = _stored_form(vector)
+                want = expected or self._sizes.setdefault(model, size)
+                if size != want:
+                    raise MalformedResponseError(
+                        f"the vector has {size} components where "
+                        + (f"dimensions={want} was asked for" if expected else
+                           f"this model's other vectors have {want}"))
+            except RowError as error:
+                parts.append(error)
+                continue
+            parts.append(Completion(content=content, prompt_tokens=tokens, completion_tokens=0,
+                                    usage_reported=reply.usage_reported, finish_reason=None,
+                                    latency_s=reply.latency_s))
+        return parts
+
+    def value(self, content: str) -> np.ndarray:
+        """The float32 vector of a stored (base64) form: its own, writable array."""
+        try:
+            raw = base64.b64decode(content)
+        except (binascii.Error, ValueError, TypeError):
+            raise MalformedResponseError("the stored vector is not base64") from None
+        if not raw or len(raw) % 4:
+            raise MalformedResponseError(
+                f"the vector is {len(raw)} bytes, not a whole number of float32 components")
+        vector = np.frombuffer(raw, dtype="<f4").astype(np.float32)  # a copy the row owns
+        if not np.isfinite(vector).all():
+            raise MalformedResponseError("the vector holds NaN or infinite components")
+        return vector
+
+    def reply_value(self, completion: Completion, request: RowRequest) -> np.ndarray:
+        return self.value(completion.content)
+
+    def use_floats(self, model: str) -> bool:
+        """Ask for floats from now on for ``model``; False if it did already."""
+        if model in self._float_models:
+            return False
+        self._float_models.add(model)
+        return True
+
+
+class FloatFallback:
+    """The delivery of one grouped request, asking again with ``encoding_format="float"``
+    when an endpoint refuses base64 (rather than failing, or splitting, the group)."""
+
+    def __init__(self, inner: Any, task: EmbedTask):
+        self.inner = inner
+        self.task = task
+
+    def capacity(self) -> int:
+        return self.inner.capacity()
+
+    def refusal(self, request: RowRequest) -> RowError | None:
+        return self.inner.refusal(request)
+
+    async def open(self) -> None:
+        await self.inner.open()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        return self.inner.snapshot()
+
+    async def send(self, request: RowRequest, attempts: Any) -> Completion:
+        try:
+            return await self.inner.send(request, attempts)
+        except EndpointError as exc:
+            if _too_many_inputs(exc) and len(request.payload) > 1:
+                # The server takes fewer inputs per request (TEI's default is 32): later
+                # groups are smaller, and this one is split (the grouping does that).
+                self.task.items_per_request = min(self.task.items_per_request,
+                                                  max(1, len(request.payload) // 2))
+                raise
+            if not _refuses_base64(exc, request):
+                raise
+            self.task.use_floats(request.model)
+        return await self.inner.send(self.task.group_request(request.payload), attempts)
+
+
+# How servers say a request holds more inputs than they take (the simulator, OpenAI's limit of
+# 2048, TEI's client batch size).
+_TOO_MANY_INPUTS = re.compile(r"too many inputs|batch size|must have less than|at most \d+ "
+                              r"(?:inputs|elements)", re.I)
+
+
+def _too_many_inputs(exc: EndpointError) -> bool:
+    return exc.error_type == ErrorType.BAD_REQUEST and bool(_TOO_MANY_INPUTS.search(exc.message))
+
+
+def _refuses_base64(exc: EndpointError, request: RowRequest) -> bool:
+    if exc.error_type != ErrorType.BAD_REQUEST or b'"encoding_format":"base64"' not in request.body:
+        return False
+    message = exc.message.lower()
+    return "base64" in message or "encoding_format" in message
+
+
+def _stored_form(vector: Any) -> tuple[str, int]:
+    """(what the ledger keeps: base64 of little-endian float32, number of components)."""
+    if isinstance(vector, str):
+        length = len(vector)
+        padding = 2 if vector.endswith("==") else 1 if vector.endswith("=") else 0
+        size_bytes = length // 4 * 3 - padding
+        if length == 0 or length % 4 or size_bytes % 4:
+            raise MalformedResponseError(
+                f"the vector is not base64 of whole float32 components ({length} characters)")
+        return vector, size_bytes // 4
+    if isinstance(vector, list) and vector:
+        try:
+            array = np.asarray(vector, dtype="<f4")
+        except (TypeError, ValueError):
+            raise MalformedResponseError("the vector holds something other than numbers") from None
+        if array.ndim != 1:
+            raise MalformedResponseError("the vector is not a flat list of numbers")
+        return base64.b64encode(array.tobytes()).decode("ascii"), array.size
+    raise MalformedResponseError(
+        f"the reply's embedding is {type(vector).__name__}, not a list of numbers or base64")
+
+
+def _token_shares(total: int, weights: list[int]) -> list[int]:
+    """``total`` split over the items in proportion to ``weights``, summing to ``total``."""
+    weight_sum = sum(weights)
+    if total <= 0 or weight_sum <= 0:
+        return [0] * len(weights)
+    shares = [total * w // weight_sum for w in weights]
+    shares[-1] += total - sum(shares)
+    return shares

@@ -1,0 +1,125 @@
+"""The batch-collect sensor: run a partition again when the batches its rows wait for end.
+
+An asset with ``mode="batch_api", wait=False`` ends its run once the batches are submitted,
+its rows deferred "waiting for batch <id>" in the ledger. Each tick this sensor reads which
+partitions of the asset wait for which batches, polls those batches at the provider (a
+``batches.retrieve`` each, recorded in the batch book) and requests one run per partition
+whose batches have all ended, tagged ``batchllm/collect``. That run collects the answers and
+submits nothing, except lines a retry may fix (429, 5xx, an expired batch's unanswered lines).
+So no Dagster run sits for the 24 h a batch may take. The run key names the batches, so the
+same ended batches launch one run, however many ticks see them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import dagster as dg
+
+from ..core.batch_book import COLLECTED, ENDED, SUBMIT_FAILED, BatchBook, waiting_for_batches
+from ..core.batch_collect import BatchCollector
+from ..core.batch_protocol import protocol_for
+from ..core.ledger import Ledger
+from .common import _asset_key, _missing_sqlite_file, _single_asset
+
+BATCH_COLLECT_TAG = "batchllm/collect"
+_DONE = (*ENDED, COLLECTED, SUBMIT_FAILED, "collecting")
+
+
+def build_batch_collect_sensor(
+    asset: dg.AssetsDefinition | dg.AssetSpec,
+    *,
+    resource: Any,
+    name: str | None = None,
+    minimum_interval_seconds: int = 60,
+    also_materialize: Sequence[Any] = (),
+    default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
+    description: str | None = None,
+) -> dg.SensorDefinition:
+    """A sensor that re-materializes the partitions whose batches ended.
+
+    Args:
+        asset: a partitioned inference asset built with ``mode="batch_api", wait=False``.
+        resource: the ``BatchInferenceResource`` the asset uses (the sensor polls its
+            ``batch_api`` endpoints and reads its ledger; an ``EnvVar`` API key is read at
+            evaluation time).
+        also_materialize: assets re-materialized in the same runs.
+
+    Example::
+
+        summaries = build_inference_asset(name="summaries", source="transcripts",
+                                          prompt="Summarize: {text}", output_column="summary",
+                                          partitions_def=days, mode="batch_api", wait=False)
+        sensors = [build_batch_collect_sensor(summaries, resource=llm)]
+    """
+    key, partitions_def = _single_asset(asset, "build_batch_collect_sensor")
+    where = f"build_batch_collect_sensor('{key.to_user_string()}')"
+    if partitions_def is None:
+        raise dg.DagsterInvalidDefinitionError(
+            f"{where}: the asset has no partitions_def; an unpartitioned asset with wait=False "
+            "collects its batches on its next materialization.")
+    if not hasattr(resource, "to_settings"):
+        raise dg.DagsterInvalidDefinitionError(
+            f"{where}: resource= must be the BatchInferenceResource the asset uses, got "
+            f"{type(resource).__name__}.")
+    if minimum_interval_seconds < 1:
+        raise dg.DagsterInvalidDefinitionError(
+            f"{where}: minimum_interval_seconds must be at least 1.")
+    selection = [key, *(_asset_key(a) for a in also_materialize if _asset_key(a) != key)]
+    scope = key.to_user_string()
+
+    def evaluate(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        settings = resource.to_settings()
+        if _missing_sqlite_file(settings.store_url or "sqlite://"):
+            return dg.SensorResult(skip_reason=f"No run of {scope} has written its ledger yet.")
+        ledger = Ledger(settings.store_url, settings.ledger_table)
+        try:
+            waits = waiting_for_batches(ledger, scope)
+            if not waits:
+                return dg.SensorResult(
+                    skip_reason=f"No partition of {scope} waits for a batch.")
+            protocols = {e.name: protocol_for(e) for e in settings.endpoints if e.batch_api}
+            try:
+                book = BatchBook(ledger)
+                BatchCollector(book, protocols, log=context.log).refresh_blocking(
+                    collect=False)
+                status = {}
+                for row in book.unfinished(protocols):
+                    status[row["submission_id"]] = row["status"]
+                    if row["batch_id"]:
+                        status[row["batch_id"]] = row["status"]
+            finally:
+                for protocol in protocols.values():
+                    protocol.close()
+        finally:
+            ledger.dispose()
+        requests, waiting = [], []
+        for partition in sorted(waits):
+            names = sorted(waits[partition])
+            # A batch no longer unfinished in the book was collected (or never created).
+            pending = [n for n in names if status.get(n, COLLECTED) not in _DONE]
+            if pending:
+                waiting.append(f"{partition} ({', '.join(f'{n} {status[n]}' for n in pending)})")
+                continue
+            rows = sum(waits[partition].values())
+            context.log.info(f"{scope} partition {partition}: batches {', '.join(names)} "
+                             f"ended; collecting {rows} rows")
+            requests.append(dg.RunRequest(
+                run_key=f"{partition}|{','.join(names)}", partition_key=partition,
+                asset_selection=selection, tags={BATCH_COLLECT_TAG: "true"}))
+        if requests:
+            return dg.SensorResult(run_requests=requests)
+        return dg.SensorResult(skip_reason=f"{scope}: waiting for batches: "
+                                           f"{'; '.join(waiting[:20])}.")
+
+    return dg.SensorDefinition(
+        name=name or f"{key.to_python_identifier()}_batch_collect",
+        evaluation_fn=evaluate,
+        minimum_interval_seconds=minimum_interval_seconds,
+        description=description or (
+            f"Re-materializes the partitions of {scope} whose provider batches ended, so their "
+            "run collects the answers (mode='batch_api', wait=False)."),
+        target=selection,
+        default_status=default_status,
+    )

@@ -1,0 +1,60 @@
+"""The batch book's guarantee that no key is submitted twice, also by runs at the same time."""
+
+from __future__ import annotations
+
+import threading
+
+from batch_helpers import MODEL, PROMPT, batch_stats, frame
+
+from dagster_batchllm.core.batch_book import BatchBook
+from dagster_batchllm.core.ledger import Ledger
+
+
+def _submission(book: BatchBook, sub: str) -> None:
+    book.record_submission({"submission_id": sub, "provider": "openai", "endpoint": "openai",
+                            "model": MODEL, "route": "/chat/completions", "lines": 0,
+                            "bytes": 0, "scope": "", "partition_key": "", "run_id": None})
+
+
+def test_an_attempt_of_a_key_is_recorded_in_one_batch_only(store_url):
+    book = BatchBook(Ledger(store_url))
+    _submission(book, "bllm-a")
+    _submission(book, "bllm-b")
+    assert book.add_lines("bllm-a", [("k1", 1), ("k2", 1)]) == {"k1", "k2"}
+    assert book.add_lines("bllm-b", [("k2", 1), ("k3", 1), ("k1", 2)]) == {"k3", "k1"}
+    latest = book.latest_lines(["k1", "k2", "k3", "k4"])
+    assert {k: (s.submission_id, s.attempt) for k, s in latest.items()} == {
+        "k1": ("bllm-b", 2), "k2": ("bllm-a", 1), "k3": ("bllm-b", 1)}
+
+
+def test_two_partitions_submitting_the_same_rows_at_once_pay_for_each_once(held, make_client):
+    df = frame(3000)
+    results, errors = {}, []
+
+    def run(day: str) -> None:
+        try:
+            client = make_client(held)
+            results[day] = client.infer(df, prompt=PROMPT, model=MODEL, output_column="s",
+                                        mode="batch_api", wait=False, partition_key=day)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(day,)) for day in ("d1", "d2")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    assert all(r.stats.deferred == 3000 for r in results.values())
+    assert sum(r.stats.requests for r in results.values()) == 3000  # lines written
+    held.advance_batches()  # validated: the lines the batches hold are counted
+    lines = sum(b["request_counts"]["total"] for b in held.batches())
+    assert lines == 3000  # each key in one batch, whichever run got it first
+
+    held.complete_batches()
+    client = make_client(held)
+    for day in ("d1", "d2"):
+        done = client.infer(df, prompt=PROMPT, model=MODEL, output_column="s",
+                            mode="batch_api", wait=False, partition_key=day)
+        assert done.stats.succeeded == 3000, day
+    assert batch_stats(held)["line_duplicates"] == 0
