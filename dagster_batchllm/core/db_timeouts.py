@@ -96,7 +96,8 @@ class _Watchdog:
                 self._thread = threading.Thread(target=self._run, name="batchllm-db-deadline",
                                                 daemon=True)
                 self._thread.start()
-            self._lock.notify()
+            if self._deadlines[0][1] == token:  # the earliest now: the watchdog sleeps less
+                self._lock.notify()
         fired = False
         try:
             yield
