@@ -250,6 +250,10 @@ class BatchInferenceResource(dg.ConfigurableResource):
     batch_poll_initial_s: float = _declared(InferenceSettings, "batch_poll_initial_s")
     batch_poll_max_s: float = _declared(InferenceSettings, "batch_poll_max_s")
     mlflow_registry_uri: str | None = _declared(InferenceSettings, "mlflow_registry_uri")
+    endpoint_unreachable_after_s: float = _declared(InferenceSettings,
+                                                    "endpoint_unreachable_after_s")
+    ledger_outage_s: float = _declared(InferenceSettings, "ledger_outage_s")
+    ledger_statement_timeout_s: float = _declared(InferenceSettings, "ledger_statement_timeout_s")
 
     _client: InferenceClient | None = PrivateAttr(default=None)
     _log: Any = PrivateAttr(default=None)

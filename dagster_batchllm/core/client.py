@@ -66,7 +66,9 @@ class InferenceClient:
     def ledger(self) -> Ledger:
         with self._ledger_lock:
             if self._ledger is None:
-                self._ledger = Ledger(self.settings.store_url, self.settings.ledger_table)
+                self._ledger = Ledger(
+                    self.settings.store_url, self.settings.ledger_table,
+                    statement_timeout_s=self.settings.ledger_statement_timeout_s)
             return self._ledger
 
     def close(self) -> None:

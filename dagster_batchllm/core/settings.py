@@ -177,6 +177,18 @@ class InferenceSettings:
         "The MLflow registry (and tracking) URI for models:/ and runs:/ URIs that a model "
         "names no registry for (model column cells too); None: MLflow's own "
         "(MLFLOW_TRACKING_URI).", None)
+    endpoint_unreachable_after_s: float = described(
+        "Seconds every endpoint of a model may refuse connections (or fail DNS or TLS) before "
+        "the rows still to send fail with endpoint_unreachable; a slow endpoint is waited for.",
+        15.0)
+    ledger_outage_s: float = described(
+        "Seconds ledger writes may keep failing because the database is away (restarted, a "
+        "network cut) while the run pauses and retries them; past it the run fails, and the "
+        "answers kept in its journal are written by the next run.", 120.0)
+    ledger_statement_timeout_s: float = described(
+        "Seconds a ledger database server may leave a statement unanswered before the "
+        "connection is closed and the statement retried (a connection can stay open with "
+        "nothing behind it; SQLite files have no such wait).", 30.0)
 
     def __post_init__(self) -> None:
         if not self.endpoints and not self.mlflow_models:
@@ -193,6 +205,10 @@ class InferenceSettings:
             raise ValueError(f"Endpoint names must be unique, got {names}.")
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1.")
+        for bound in ("endpoint_unreachable_after_s", "ledger_outage_s",
+                      "ledger_statement_timeout_s"):
+            if not getattr(self, bound) > 0:
+                raise ValueError(f"{bound} must be a positive number of seconds.")
         if self.http_client not in ("aiohttp", "openai"):
             raise ValueError("http_client must be 'aiohttp' (lean, default) or 'openai'.")
 
