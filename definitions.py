@@ -8,6 +8,7 @@ import dagster as dg
 
 from assets.documents import document_assets, invoices
 from assets.embeddings import embedding_assets, transcript_embeddings
+from assets.ml_models import ml_assets, predicted_actions_alias_sensor
 from assets.partitions import daily_partitions
 from assets.pipeline import (
     BATCH_MODE,
@@ -106,10 +107,10 @@ if os.environ.get("BATCHLLM_ENABLE_SPARK", "").lower() in ("1", "true", "yes"):
     })
 
 defs = dg.Definitions(
-    assets=[*pipeline_assets, *sql_assets, *document_assets, *extra_assets],
+    assets=[*pipeline_assets, *sql_assets, *document_assets, *ml_assets, *extra_assets],
     jobs=[call_center_job],
     schedules=[daily_schedule],
-    sensors=[retry_summaries, retry_classifications, new_calls, *extra_sensors,
-             *batch_sensors],
+    sensors=[retry_summaries, retry_classifications, new_calls, predicted_actions_alias_sensor,
+             *extra_sensors, *batch_sensors],
     resources=resources,
 )

@@ -3,6 +3,7 @@
     .venv/bin/python bench/chaos.py                  # all scenarios, bench size (~4-6 min)
     .venv/bin/python bench/chaos.py --scale test     # the reduced form tests/test_chaos.py runs
     .venv/bin/python bench/chaos.py --only crash,429_storm
+    .venv/bin/python bench/chaos.py --only sigterm,sigkill_64,ledger_outage   # stopping (9-11)
 
 Prints one table. Everything is measured on the simulated servers' side: requests that arrived,
 duplicate deliveries (the same request answered 200 more than once, over all endpoints), tokens
@@ -22,7 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chaos_scenarios import SCALES, SCENARIOS, Outcome, run_scenario
+from chaos_scenarios import SCALES, Outcome, run_scenario
+from chaos_scenarios import SCENARIOS as FAULT_SCENARIOS
+from chaos_stopping import STOPPING_SCENARIOS
+
+SCENARIOS = {**FAULT_SCENARIOS, **STOPPING_SCENARIOS}
 
 HEADER = ["scenario", "rows ok / failed / deferred / missing", "requests sent",
           "duplicate deliveries", "tokens billed (vs clean run)",
@@ -62,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = []
     for name in names:
         print(f"  running {name} ...", flush=True)
-        outcome = run_scenario(name, scale)
+        outcome = run_scenario(name, scale, scenarios=SCENARIOS)
         outcomes.append(outcome)
         print(f"    {' | '.join(outcome.as_row())}", flush=True)
     print()

@@ -713,11 +713,14 @@ SCENARIOS: dict[str, Callable[[Scale, Path], Outcome]] = {
 }
 
 
-def run_scenario(name: str, scale: Scale, workdir: Path | None = None) -> Outcome:
+def run_scenario(name: str, scale: Scale, workdir: Path | None = None, *,
+                 scenarios: dict[str, Callable[[Scale, Path], Outcome]] | None = None) -> Outcome:
+    """``scenarios``: where ``name`` is looked up (these by default; chaos.py adds others)."""
+    scenario = (scenarios or SCENARIOS)[name]
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix=f"chaos-{name}-") as tmp:
-            return SCENARIOS[name](scale, Path(tmp))
-    return SCENARIOS[name](scale, workdir)
+            return scenario(scale, Path(tmp))
+    return scenario(scale, workdir)
 
 
 if __name__ == "__main__":

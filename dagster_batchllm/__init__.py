@@ -24,6 +24,11 @@ _LAZY = {
     "BatchInferenceResource": "dagster_batchllm.resource",
     "Endpoint": "dagster_batchllm.resource",
     "ModelPrice": "dagster_batchllm.resource",
+    "MlflowModel": "dagster_batchllm.resource",
+    "build_scoring_asset": "dagster_batchllm.scoring_assets",
+    "build_model_version_asset": "dagster_batchllm.scoring_assets",
+    "build_model_alias_sensor": "dagster_batchllm.scoring_assets",
+    "PredictionResult": "dagster_batchllm.core.predict",
     "ManagedEndpoint": "dagster_batchllm.resource",
     "InferenceClient": "dagster_batchllm.core.client",
     "InferenceResult": "dagster_batchllm.core.results",
@@ -60,6 +65,11 @@ __all__ = [
     "stats_metadata",
     "ManagedEndpoint",
     "ModelPrice",
+    "MlflowModel",
+    "PredictionResult",
+    "build_scoring_asset",
+    "build_model_version_asset",
+    "build_model_alias_sensor",
     "EmbedCall",
     "build_embedding_asset",
 ]
@@ -71,11 +81,17 @@ if TYPE_CHECKING:
     from .core.embed_call import EmbedCall
     from .core.errors import BatchLLMError, ErrorType, InferenceConfigError
     from .core.ledger import Ledger
+    from .core.predict import PredictionResult
     from .core.results import InferenceEstimate, InferenceResult, InferenceStats
     from .core.settings import EndpointSpec, InferenceSettings
     from .embedding_asset import build_embedding_asset
     from .metadata import stats_metadata
-    from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, ModelPrice
+    from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, MlflowModel, ModelPrice
+    from .scoring_assets import (
+        build_model_alias_sensor,
+        build_model_version_asset,
+        build_scoring_asset,
+    )
     from .sensors.batches import build_batch_collect_sensor
     from .sensors.retry_partitions import build_new_data_sensor, build_retry_partitions_sensor
 

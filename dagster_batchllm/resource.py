@@ -20,7 +20,7 @@ from .core.client import InferenceClient
 from .core.embed_call import EmbedCall
 from .core.errors import InferenceConfigError
 from .core.results import InferenceEstimate, InferenceResult
-from .core.settings import DESCRIPTION, EndpointSpec, InferenceSettings
+from .core.settings import DESCRIPTION, EndpointSpec, InferenceSettings, MlflowModelSpec
 from .managed.start import ManagedEndpointSpec, RunningEndpoint, start_managed
 
 
@@ -68,7 +68,8 @@ def _resolved(value: Any, config: Any, field: str) -> Any:
 
 
 _SPEC_FIELDS = {spec: {f.name: f for f in dataclasses.fields(spec)}
-                for spec in (EndpointSpec, ManagedEndpointSpec, InferenceSettings)}
+                for spec in (EndpointSpec, ManagedEndpointSpec, InferenceSettings,
+                             MlflowModelSpec)}
 
 
 class Endpoint(dg.Config):
@@ -89,9 +90,24 @@ class Endpoint(dg.Config):
     batch_api: bool = _declared(EndpointSpec, "batch_api")
     max_requests_per_batch: int = _declared(EndpointSpec, "max_requests_per_batch")
     max_bytes_per_batch: int = _declared(EndpointSpec, "max_bytes_per_batch")
+    protocol: Literal["openai", "mlflow"] = _declared(EndpointSpec, "protocol")
 
     def to_spec(self) -> EndpointSpec:
         return EndpointSpec(**_spec_values(self, EndpointSpec))
+
+
+class MlflowModel(dg.Config):
+    """A traditional ML model (MLflow pyfunc) scored in process by ``predict()``.
+
+    Its fields are those of :class:`~dagster_batchllm.core.settings.MlflowModelSpec`."""
+
+    name: str = _declared(MlflowModelSpec, "name")
+    model_uri: str = _declared(MlflowModelSpec, "model_uri")
+    registry_uri: str | None = _declared(MlflowModelSpec, "registry_uri")
+    rows_per_batch: int = _declared(MlflowModelSpec, "rows_per_batch")
+
+    def to_spec(self) -> MlflowModelSpec:
+        return MlflowModelSpec(**_spec_values(self, MlflowModelSpec))
 
 
 class ManagedEndpoint(dg.Config):
@@ -143,6 +159,7 @@ class ModelPrice(dg.Config):
 SETTINGS_BUILT_FROM = {
     "endpoints": ("endpoints", "managed_endpoints"),
     "model_prices": ("prices",),
+    "mlflow_models": ("mlflow_models",),
 }
 
 
@@ -207,6 +224,9 @@ class BatchInferenceResource(dg.ConfigurableResource):
     prices: list[ModelPrice] = Field(
         default_factory=list, description="Per-model prices for cost estimates."
     )
+    mlflow_models: list[MlflowModel] = Field(
+        default_factory=list,
+        description="Traditional ML models (MLflow pyfunc) scored in process by predict().")
     # The other fields are InferenceSettings' own, with its defaults and descriptions.
     store_url: str | None = _declared(InferenceSettings, "store_url")
     ledger_table: str = _declared(InferenceSettings, "ledger_table")
@@ -229,6 +249,11 @@ class BatchInferenceResource(dg.ConfigurableResource):
     progress_interval_s: float = _declared(InferenceSettings, "progress_interval_s")
     batch_poll_initial_s: float = _declared(InferenceSettings, "batch_poll_initial_s")
     batch_poll_max_s: float = _declared(InferenceSettings, "batch_poll_max_s")
+    mlflow_registry_uri: str | None = _declared(InferenceSettings, "mlflow_registry_uri")
+    endpoint_unreachable_after_s: float = _declared(InferenceSettings,
+                                                    "endpoint_unreachable_after_s")
+    ledger_outage_s: float = _declared(InferenceSettings, "ledger_outage_s")
+    ledger_statement_timeout_s: float = _declared(InferenceSettings, "ledger_statement_timeout_s")
 
     _client: InferenceClient | None = PrivateAttr(default=None)
     _log: Any = PrivateAttr(default=None)
@@ -239,17 +264,19 @@ class BatchInferenceResource(dg.ConfigurableResource):
 
         Managed endpoints appear once started (in a run, or after first use of ``client``).
         """
-        if not self.endpoints and not self.managed_endpoints:
+        if not self.endpoints and not self.managed_endpoints and not self.mlflow_models:
             raise dg.DagsterInvalidConfigError(
                 "BatchInferenceResource needs at least one endpoint: set endpoints=[Endpoint("
                 "name=..., base_url='http://host:8000/v1', models=[...])] or "
-                "managed_endpoints=[ManagedEndpoint()] for the embedded default.",
+                "managed_endpoints=[ManagedEndpoint()] for the embedded default (or "
+                "mlflow_models=[MlflowModel(...)] for predict()).",
                 [], None,
             )
         return InferenceSettings(
             endpoints=tuple(e.to_spec() for e in self.endpoints)
             + tuple(r.spec for r in self._running),
             model_prices=tuple(p.as_settings() for p in self.prices),
+            mlflow_models=tuple(m.to_spec() for m in self.mlflow_models),
             **_spec_values(self, InferenceSettings, converted=SETTINGS_BUILT_FROM),
         )
 
@@ -312,6 +339,16 @@ class BatchInferenceResource(dg.ConfigurableResource):
         """A dry run with the same arguments as :meth:`infer`: counts, tokens and cost."""
         return self.client.estimate(df, call, **kwargs)
 
+    def predict(self, df: Any, call: Any = None, /, *, context: Any = None,
+                **kwargs: Any) -> Any:
+        """One prediction per row of ``df`` from a traditional ML model; failures are data in
+        ``<output>_error``. ``model=`` (an ``mlflow_models`` name, a model an ``mlflow``
+        endpoint serves, or a URI: ``models:/name@alias``, ``models:/name/3``, ``runs:/...``,
+        a path) or ``model_column=``; ``input_columns=[...]`` (named as the model's features);
+        ``output_column=``; ``rows_per_request``; ``partition_key``. Returns a
+        :class:`~dagster_batchllm.core.predict.PredictionResult` (``.models`` says which
+        version each model name resolved to)."""
+        return self.client.predict(df, call, **_context_kwargs(context, call, kwargs))
     def embed(self, df: Any, call: EmbedCall | None = None, /, *, context: Any = None,
               **kwargs: Any) -> InferenceResult:
         """One float32 vector (1-D numpy array) per row of ``df`` from a model of an

@@ -30,6 +30,7 @@ from dagster_batchllm import BatchInferenceResource, Endpoint, ManagedEndpoint, 
 from dagster_batchllm.managed.classical import EMBEDDING_MODELS, LOCAL_MODELS
 from dagster_batchllm.managed.classical.models import ALIAS
 
+from .mlflow_registry import REGISTRY_URI, example_mlflow_models
 from .warehouse import DEFAULT_DATA_DIR, WarehouseIOManager, WarehouseResource
 
 EMBEDDED_MODEL = ALIAS
@@ -54,6 +55,7 @@ def build_llm_resource() -> BatchInferenceResource:
             managed_endpoints=[ManagedEndpoint(name="embedded", max_concurrency=16)],
             default_model=model, store_url=store_url, default_max_tokens=256,
             prices=EMBEDDED_PRICES,
+            mlflow_models=example_mlflow_models(), mlflow_registry_uri=REGISTRY_URI,
         )
     if not model:
         raise dg.DagsterInvalidConfigError(
@@ -76,6 +78,7 @@ def build_llm_resource() -> BatchInferenceResource:
         default_model=model,
         store_url=store_url,
         prices=_prices_from_environment(model),
+        mlflow_models=example_mlflow_models(), mlflow_registry_uri=REGISTRY_URI,
     )
 
 

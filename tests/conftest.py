@@ -119,3 +119,37 @@ def make_llm_resource(tmp_path):
         )
 
     return build
+
+
+@pytest.fixture(scope="session")
+def mlflow_registry(tmp_path_factory):
+    """A real local MLflow registry (SQLite) holding ``risk`` v1 (alias champion) and v2 (alias
+    challenger): logistic regressions over f1, f2; and ``qa_bot`` (alias champion), a
+    retrieval QA model (prompt, optional temperature -> a passage), for Databricks' documented
+    STRUCT request to a custom model endpoint."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("sklearn")
+    from dagster_batchllm.testing.mlflow_registry import (
+        LocalRegistry,
+        feature_frame,
+        fit_risk_model,
+    )
+
+    registry = LocalRegistry(tmp_path_factory.mktemp("mlflow"))
+    example = feature_frame(3)
+    registry.log_sklearn("risk", fit_risk_model(1), input_example=example, alias="champion")
+    registry.log_sklearn("risk", fit_risk_model(2), input_example=example, alias="challenger")
+    from dagster_batchllm.simulator.mlflow_pyfunc import QA_PASSAGES, RetrievalQAModel
+
+    registry.log_pyfunc("qa_bot", RetrievalQAModel(QA_PASSAGES), alias="champion",
+                        signature=RetrievalQAModel.signature())
+    return registry
+
+
+@pytest.fixture(scope="session")
+def qa_bot_models(mlflow_registry):
+    """Settings fields that make ``qa_bot`` the registry's custom model."""
+    from dagster_batchllm.core.settings import MlflowModelSpec
+
+    return dict(mlflow_models=(MlflowModelSpec(name="qa_bot", model_uri="models:/qa_bot@champion",
+                                               registry_uri=mlflow_registry.uri),))

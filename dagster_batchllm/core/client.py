@@ -66,7 +66,9 @@ class InferenceClient:
     def ledger(self) -> Ledger:
         with self._ledger_lock:
             if self._ledger is None:
-                self._ledger = Ledger(self.settings.store_url, self.settings.ledger_table)
+                self._ledger = Ledger(
+                    self.settings.store_url, self.settings.ledger_table,
+                    statement_timeout_s=self.settings.ledger_statement_timeout_s)
             return self._ledger
 
     def close(self) -> None:
@@ -195,6 +197,21 @@ class InferenceClient:
             estimated_cost_usd=estimate_cost(self.settings, tokens_by_model),
         )
 
+    # -- traditional ML models (MLflow): see core/predicting.py --------------------------------
+    def predict(self, df: Any, call: Any = None, /, **kwargs: Any) -> Any:
+        """Sync door to :meth:`apredict`."""
+        return run_sync(self.apredict(df, call, **kwargs))
+
+    async def apredict(self, df: Any, call: Any = None, /, *, run_id: str | None = None,
+                       logger: Any = None, supersede_stale: bool = False, models: Any = None,
+                       **call_fields: Any) -> Any:
+        """One prediction per row of ``df`` from an MLflow model (in process or served):
+        ``model=`` or ``model_column=``, ``input_columns=[...]``, ``output_column=``; failures
+        are data in ``<output>_error``. Returns a :class:`~.predict.PredictionResult`."""
+        from .predicting import apredict, predict_call
+
+        return await apredict(self, df, predict_call(call, call_fields), run_id=run_id,
+                              logger=logger, supersede_stale=supersede_stale, models=models)
     def embed(self, df: Any, call: EmbedCall | None = None, /, **kwargs: Any
               ) -> InferenceResult:
         """Sync door to :meth:`aembed`."""

@@ -201,7 +201,8 @@ class RunCoordinator:
                                 "live": True, "requests_claim": claims[0],
                                 "tokens_claim": claims[1],
                                 "concurrency_claim": concurrency_claim})
-            conn.execute(t.insert(), records)
+            if records:  # a run with no endpoints (in-process models only) registers none
+                conn.execute(t.insert(), records)
         return runs
 
     def leave(self, usage: dict[str, tuple[float, float]] | None = None) -> None:

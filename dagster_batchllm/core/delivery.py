@@ -28,12 +28,6 @@ from .retries import RetryPolicy
 from .settings import InferenceSettings
 from .transport import CHAT_ROUTE, EMBEDDINGS_ROUTE, Completion, ReplyParser, Transport
 
-# How long every endpoint of a model may refuse connections (or fail DNS or TLS) before the
-# call fails the rows still to send with ``endpoint_unreachable``: seconds, not the hours that
-# retries and cool-downs of a URL with nothing behind it would otherwise take. An endpoint that
-# answers slowly is not unreachable and is waited for.
-UNREACHABLE_AFTER_S = 15.0
-
 
 class Attempts:
     """What one request's attempts did: how many, how many were sent, the last endpoint, the
@@ -81,11 +75,14 @@ class OnlineDelivery:
                  unreachable_after_s: float | None = None, parse: ReplyParser | None = None):
         """``route`` and ``parse``: where requests go and how replies are read (the task's);
         ``writer``: sending waits while it holds a room's worth of unwritten answers;
-        ``unreachable_after_s``: see ``UNREACHABLE_AFTER_S``."""
+        ``unreachable_after_s``: how long every endpoint of a model may refuse connections
+        (or fail DNS or TLS) before the rows still to send fail with ``endpoint_unreachable``:
+        seconds, not the hours that retries and cool-downs of a URL with nothing behind it
+        would otherwise take (``settings.endpoint_unreachable_after_s`` by default)."""
         self.settings = settings
         self.log = log or logging.getLogger("dagster_batchllm")
-        self.unreachable_after_s = (UNREACHABLE_AFTER_S if unreachable_after_s is None
-                                    else unreachable_after_s)
+        self.unreachable_after_s = (settings.endpoint_unreachable_after_s
+                                    if unreachable_after_s is None else unreachable_after_s)
         # endpoint name -> when it started failing to connect (cleared by any reply)
         self._unreachable_since: dict[str, float] = {}
         self._baseline: dict[str, dict[str, Any]] = {}

@@ -107,7 +107,8 @@ class InferenceRun:
         self._settled_not_ok: dict[str, tuple[int, str | None, str | None]] = {}
         self._writer = LedgerWriter(ledger, room=settings.ledger_flush_rows,
                                     interval_s=settings.ledger_flush_interval_s,
-                                    on_written=self._written_to_ledger, log=self.log)
+                                    on_written=self._written_to_ledger, log=self.log,
+                                    outage_s=settings.ledger_outage_s)
         self.task = task or ChatTask(spec, default_max_tokens=settings.default_max_tokens)
         self.delivery = delivery or self.task.deliver(OnlineDelivery(
             settings, pool,

@@ -25,6 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
+from .db_timeouts import DEFAULT_ROUND_TRIP_TIMEOUT_S, bound_round_trips, libpq_connect_args
 from .errors import InferenceConfigError
 from .settings import DEFAULT_LEDGER_TABLE
 
@@ -92,14 +93,19 @@ class _SerialStaticPool(sa.pool.StaticPool):
             pass
 
 
-def make_engine(url: str) -> sa.Engine:
-    """A SQLAlchemy engine that several processes can share, SQLite files included."""
+def make_engine(url: str, *,
+                round_trip_timeout_s: float = DEFAULT_ROUND_TRIP_TIMEOUT_S) -> sa.Engine:
+    """A SQLAlchemy engine that several processes can share, SQLite files included; a
+    database server's round trips get ``round_trip_timeout_s`` (see :mod:`.db_timeouts`)."""
     try:
         parsed = sa.engine.make_url(url)
     except sa.exc.ArgumentError as exc:
         raise InferenceConfigError(f"store_url is not a SQLAlchemy URL: {exc}") from None
     if parsed.get_backend_name() != "sqlite":
-        return sa.create_engine(url, pool_pre_ping=True, future=True)
+        engine = sa.create_engine(url, pool_pre_ping=True, future=True,
+                                  connect_args=libpq_connect_args(parsed))
+        bound_round_trips(engine, round_trip_timeout_s)
+        return engine
     in_memory = parsed.database in (None, "", ":memory:")
     kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 60}}
     if in_memory:
@@ -179,7 +185,10 @@ def _ledger_table(name: str) -> sa.Table:
 class Ledger:
     """Create with a SQLAlchemy URL; ``None`` keeps an in-memory ledger for one process."""
 
-    def __init__(self, url: str | None, table_name: str = DEFAULT_LEDGER_TABLE):
+    def __init__(self, url: str | None, table_name: str = DEFAULT_LEDGER_TABLE, *,
+                 statement_timeout_s: float = DEFAULT_ROUND_TRIP_TIMEOUT_S):
+        """``statement_timeout_s``: how long a database server may leave a statement
+        unanswered before its connection is closed (the statement then fails and is retried)."""
         validate_identifier(table_name, "ledger_table")
         if len(table_name.rpartition(".")[2]) > _MAX_LEDGER_TABLE:
             raise InferenceConfigError(
@@ -189,7 +198,7 @@ class Ledger:
         self.url = normalize_store_url(url or "sqlite://")
         self.in_memory = self.url in ("sqlite://", "sqlite:///:memory:")
         self.table = _ledger_table(table_name)
-        self.engine = make_engine(self.url)
+        self.engine = make_engine(self.url, round_trip_timeout_s=statement_timeout_s)
         # (SQL, record -> its values, the statement's constants), on the first SQLite upsert
         self._sqlite_upsert: tuple[str, Any, tuple] | None = None
         self._create_table()

@@ -21,12 +21,10 @@ from typing import Any
 
 import tenacity
 
+from .db_timeouts import round_trips_at_most
 from .journal import AnswerJournal
 from .ledger import OK, Ledger, redact_url
 
-# How long ledger writes may keep failing before the run gives up (a database restart or a
-# network cut of a minute pauses the run; longer fails it, and the journal keeps the answers).
-LEDGER_OUTAGE_S = 120.0
 _WARN_EVERY_S = 10.0  # while writes fail, one warning per this many seconds
 # Other failures (a full disk, a bad record) are not waited out: after this many in a row the
 # run stops sending.
@@ -50,8 +48,10 @@ class LedgerUnwritable(Exception):
 class LedgerWriter:
     def __init__(self, ledger: Ledger, *, room: int, interval_s: float,
                  on_written: Callable[[list[str]], None], log: Any,
-                 journal: AnswerJournal | None = None, outage_s: float = LEDGER_OUTAGE_S):
+                 outage_s: float, journal: AnswerJournal | None = None):
         """``on_written(keys)`` runs on the writing thread after each successful write;
+        ``outage_s``: how long writes may keep failing while the database is away (a restart
+        or a network cut pauses the run; longer fails it, and the journal keeps the answers);
         ``journal`` gets each paid-for answer as it is added."""
         self.ledger = ledger
         self.journal = journal
@@ -178,18 +178,22 @@ class LedgerWriter:
         limit = self.outage_s if within_s is None else within_s
         if self._failing_since is not None:
             limit = max(0.0, limit - (time.monotonic() - self._failing_since))
+        # On a stop (within_s) no single round trip may wait past the stop's own bound.
+        round_trip_cap = None if within_s is None else max(0.5, within_s)
         try:
             for attempt in tenacity.Retrying(
                 stop=tenacity.stop_after_delay(limit),
                 wait=tenacity.wait_exponential(multiplier=0.1, max=2.0),
                 retry=tenacity.retry_if_exception(database_away), reraise=True,
             ):
-                with attempt:
+                with attempt, round_trips_at_most(round_trip_cap):
                     self._write(records, keys)
         except Exception as exc:
             exc.add_note(f"batchllm: the ledger database {self.where} could not be written; the "
                          f"{len(records)} outcomes not written are answered from the journal "
                          "by the next run")
+            if self.error is not None:  # the run gave up on the database already: say why
+                raise self.error from exc
             raise
 
     def _write(self, records: list[dict[str, Any]], keys: list[str]) -> None:

@@ -25,6 +25,7 @@ from .ledger import Ledger
 from .pool import Allocation, EndpointPool
 from .settings import InferenceSettings
 
+_WARN_EVERY_S = 10.0  # while heartbeats fail, one warning per this many seconds
 Item = TypeVar("Item")  # what the run waits for per parked request (the engine's KeyState)
 
 
@@ -78,12 +79,18 @@ class RunCoordination(Generic[Item]):
         return runs
 
     async def heartbeat_loop(self) -> None:
+        failing = 0  # heartbeats failed in a row: an outage warns once, not 4 times a second
         while True:
             await asyncio.sleep(self.interval_s)
             try:
                 await self.heartbeat()
+                failing = 0
             except Exception as exc:  # a busy database delays a heartbeat; shares stay as they are
-                self.log.warning(f"batchllm: run coordination heartbeat failed: {exc}")
+                if failing % max(1, round(_WARN_EVERY_S / self.interval_s)) == 0:
+                    self.log.warning(f"batchllm: run coordination heartbeat failed"
+                                     f"{f' ({failing + 1} in a row)' if failing else ''}: "
+                                     f"{type(exc).__name__}: {str(exc)[:300]}")
+                failing += 1
 
     async def claim(self, keys: list[str]) -> set[str]:
         """Claim requests for this run; return those another live run is sending."""
@@ -121,5 +128,10 @@ class RunCoordination(Generic[Item]):
     async def leave(self) -> None:
         """End this run; its request claims end now, its rate-limit claims once what it sent
         has left the servers' windows. The pool gets its endpoints whole again."""
-        await asyncio.to_thread(self.coordinator.leave, self.pool.window_usage())
-        self.pool.allocate(Allocation())
+        try:
+            await asyncio.to_thread(self.coordinator.leave, self.pool.window_usage())
+        except Exception as exc:  # the registration goes stale, its claims are taken over then
+            self.log.warning(f"batchllm: leaving the run coordination failed (its claims end "
+                             f"when they go stale): {type(exc).__name__}: {str(exc)[:300]}")
+        finally:
+            self.pool.allocate(Allocation())

@@ -25,6 +25,34 @@ def described(description: str, default: Any = MISSING, **options: Any) -> Any:
     return field(default=default, metadata={DESCRIPTION: description}, **options)
 
 
+ENDPOINT_PROTOCOLS = ("openai", "mlflow")
+
+
+@dataclass(frozen=True)
+class MlflowModelSpec:
+    """A traditional ML model scored in this process by MLflow's pyfunc flavour (predict())."""
+
+    name: str = described("The name calls use for it (predict(model=...), a model column).")
+    model_uri: str = described(
+        "Where MLflow finds it: models:/name@alias, models:/name/3, runs:/<run id>/model or a "
+        "local path. An alias is resolved when a call starts, so a moved alias scores under "
+        "the new version (and the ledger keeps each version's answers apart).")
+    registry_uri: str | None = described(
+        "The MLflow registry (and tracking) URI for models:/ and runs:/ URIs, e.g. "
+        "sqlite:///data/mlflow.db; None: the settings' mlflow_registry_uri, else MLflow's own "
+        "(MLFLOW_TRACKING_URI).", None)
+    rows_per_batch: int = described(
+        "Most rows handed to one predict() call.", 1024)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("An MLflow model needs a non-empty name.")
+        if not self.model_uri:
+            raise ValueError(f"MLflow model '{self.name}': model_uri is empty.")
+        if self.rows_per_batch < 1:
+            raise ValueError(f"MLflow model '{self.name}': rows_per_batch must be at least 1.")
+
+
 @dataclass(frozen=True)
 class EndpointSpec:
     """One OpenAI-compatible server (vLLM, TGI, llama.cpp, OpenAI)."""
@@ -56,6 +84,10 @@ class EndpointSpec:
         "Most request lines in one batch file (OpenAI: 50,000).", 50_000)
     max_bytes_per_batch: int = described(
         "Largest batch file in bytes (OpenAI: 200 MB).", 200_000_000)
+    protocol: str = described(
+        "What the server speaks: 'openai' (chat completions below base_url) or 'mlflow' "
+        "(MLflow's scoring protocol, POST <base_url>/invocations, as `mlflow models serve` and "
+        "Databricks custom model serving answer it; used by predict()).", "openai")
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -75,6 +107,9 @@ class EndpointSpec:
         if self.max_requests_per_batch < 1 or self.max_bytes_per_batch < 1024:
             raise ValueError(f"Endpoint '{self.name}': max_requests_per_batch must be at least "
                              "1 and max_bytes_per_batch at least 1024.")
+        if self.protocol not in ENDPOINT_PROTOCOLS:
+            raise ValueError(f"Endpoint '{self.name}': protocol must be one of "
+                             f"{list(ENDPOINT_PROTOCOLS)}, got {self.protocol!r}.")
 
     @property
     def served_models(self) -> tuple[str, ...]:
@@ -136,21 +171,57 @@ class InferenceSettings:
         "First wait between polls of a batch's status (mode='batch_api', wait=True); it "
         "grows by half each poll.", 1.0)
     batch_poll_max_s: float = described("Longest wait between polls of a batch.", 60.0)
+    mlflow_models: tuple[MlflowModelSpec, ...] = described(
+        "Traditional ML models scored in process by predict() (MLflow pyfunc).", ())
+    mlflow_registry_uri: str | None = described(
+        "The MLflow registry (and tracking) URI for models:/ and runs:/ URIs that a model "
+        "names no registry for (model column cells too); None: MLflow's own "
+        "(MLFLOW_TRACKING_URI).", None)
+    endpoint_unreachable_after_s: float = described(
+        "Seconds every endpoint of a model may refuse connections (or fail DNS or TLS) before "
+        "the rows still to send fail with endpoint_unreachable; a slow endpoint is waited for.",
+        15.0)
+    ledger_outage_s: float = described(
+        "Seconds ledger writes may keep failing because the database is away (restarted, a "
+        "network cut) while the run pauses and retries them; past it the run fails, and the "
+        "answers kept in its journal are written by the next run.", 120.0)
+    ledger_statement_timeout_s: float = described(
+        "Seconds a ledger database server may leave a statement unanswered before the "
+        "connection is closed and the statement retried (a connection can stay open with "
+        "nothing behind it; SQLite files have no such wait).", 30.0)
 
     def __post_init__(self) -> None:
-        if not self.endpoints:
-            raise ValueError("Configure at least one endpoint.")
+        if not self.endpoints and not self.mlflow_models:
+            raise ValueError("Configure at least one endpoint (or an MLflow model).")
+        mlflow_names = [m.name for m in self.mlflow_models]
+        if len(set(mlflow_names)) != len(mlflow_names):
+            raise ValueError(f"MLflow model names must be unique, got {mlflow_names}.")
+        both = set(mlflow_names) & {m for e in self.endpoints for m in e.models}
+        if both:
+            raise ValueError(f"{sorted(both)}: named both as an MLflow model scored in process "
+                             "and as a model an endpoint serves; give one of them another name.")
         names = [e.name for e in self.endpoints]
         if len(set(names)) != len(names):
             raise ValueError(f"Endpoint names must be unique, got {names}.")
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1.")
+        for bound in ("endpoint_unreachable_after_s", "ledger_outage_s",
+                      "ledger_statement_timeout_s"):
+            if not getattr(self, bound) > 0:
+                raise ValueError(f"{bound} must be a positive number of seconds.")
         if self.http_client not in ("aiohttp", "openai"):
             raise ValueError("http_client must be 'aiohttp' (lean, default) or 'openai'.")
 
     @property
     def models(self) -> frozenset[str]:
-        return frozenset(m for e in self.endpoints for m in e.models)
+        """The chat models (served over the OpenAI protocol)."""
+        return frozenset(m for e in self.endpoints if e.protocol == "openai" for m in e.models)
+
+    @property
+    def scoring_models(self) -> frozenset[str]:
+        """The models predict() can use: in-process MLflow models and MLflow-served ones."""
+        return frozenset([m.name for m in self.mlflow_models]
+                         + [m for e in self.endpoints if e.protocol == "mlflow" for m in e.models])
 
     @property
     def embedding_models(self) -> frozenset[str]:

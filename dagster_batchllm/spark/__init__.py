@@ -12,6 +12,8 @@ group at a time through :class:`~dagster_batchllm.core.client.InferenceClient`:
 * :func:`ai_query_col` is the same as a column: ``df.withColumn("s", ai_query_col(model, col))``.
 * :func:`infer_grouped` runs ``groupBy(model).applyInPandas`` for tables whose rows name their
   model; one client per model per worker process.
+* :func:`model_udf` and :func:`predict_grouped` do the same for traditional ML models (MLflow
+  pyfunc): ``mlflow.pyfunc.spark_udf`` and the per-model ``applyInPandas`` (see :mod:`.models`).
 
 What travels to executors is plain data: :class:`~dagster_batchllm.core.settings.InferenceSettings`
 (pickled inside the UDF closure), never the Dagster resource, and executor code never imports
@@ -75,6 +77,7 @@ from .columns import ai_query_col
 from .embeddings import embed_col
 from .grouped import infer_grouped
 from .job import RESULT_STRUCT_DDL, BudgetRef, SparkJob, split_for_slots
+from .models import model_udf, predict_grouped
 from .session import SparkAI
 from .sql import register_ai_functions
 from .worker import cache_info
@@ -92,6 +95,8 @@ __all__ = [
     "cache_info",
     "embed_col",
     "infer_grouped",
+    "model_udf",
+    "predict_grouped",
     "register_ai_functions",
     "split_for_slots",
 ]

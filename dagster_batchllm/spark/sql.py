@@ -39,6 +39,8 @@ from . import documents, functions, worker
 from .builders import register_builder
 from .embeddings import EmbeddingQueries
 from .job import RESULT_STRUCT_DDL
+from .model_sql import constant as _constant
+from .model_sql import scoring_expression, scoring_model
 from .session import SparkAI
 
 PARAMETERS = ("endpoint", "request", "returnType", "failOnError", "modelParameters",
@@ -105,6 +107,9 @@ class AIQueryBuilder:
 
     def apply(self, expressions: Any) -> Any:
         arguments, pairs = _arguments(expressions)
+        model = scoring_model(self.ai, arguments)
+        if model is not None:  # a traditional ML model: its features from a named_struct
+            return scoring_expression(self.ai, model, arguments)
         chosen = self._embedding_udf(arguments)
         no_files = False
         if chosen is None:
@@ -223,11 +228,3 @@ def _check(ai: SparkAI, arguments: dict[str, Any]) -> bool:
 
 def _null_literal(expression: Any) -> bool:
     return expression is not None and expression.dataType().typeName() in ("void", "null")
-
-
-def _constant(expression: Any) -> Any:
-    """A foldable expression's value: str, bool or number (UTF8String becomes str)."""
-    value = expression.eval(None)
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value.toString())

@@ -117,7 +117,8 @@ SELECT ai_query(
       'temperature', 0.5),
     'returnType', 'STRING')
 """, {0: "STRING"},
-             limitation="a STRUCT request is for custom model endpoints (issue 19, item 2)"),
+             limitation="a STRUCT request is for custom model endpoints: qa_bot must be an "
+                        "MLflow model (mlflow_models=[MlflowModel(name='qa_bot', ...)])"),
     # -- batch inference --------------------------------------------------------------------
     _example(_BATCH, "ai_translate: batch inference over a Unity Catalog table", """
 SELECT

@@ -226,6 +226,8 @@ def result_structure(function: str, types: list[str], options: str,
         type_name = type_name.strip('"')
         if type_name == "NULL" or _ACCEPTS[param.accepts](type_name):
             continue
+        if spec is AI_QUERY and param.name == "request" and type_name.startswith("STRUCT("):
+            continue  # a custom model's features: named_struct('f1', a, ...), sent as JSON
         hint = " (cast it with CAST(... AS VARCHAR))" if param.accepts == TEXT else ""
         raise InferenceConfigError(
             f"{spec.name}: argument '{param.name}' must be {_article(param.accepts)}, "
@@ -246,7 +248,7 @@ def macro_sql(spec: AIFunction, typed_by_endpoint: bool = False) -> str:
                        for p in spec.params)
     # The casts let the call bind whatever was passed, so that the type check below is what
     # reports a wrong argument type (by name) rather than DuckDB's "no function matches".
-    texts = ([f"CAST({p.name} AS VARCHAR)" for p in spec.text_params]
+    texts = ([_as_text(spec, p.name) for p in spec.text_params]
              + ["NULL"] * (2 - len(spec.text_params)))
     options = [f"'{p.name}', {p.name}" for p in spec.option_params]
     shaping = ", ".join(f"'{p.name}', {p.name}" for p in spec.option_params if p.shapes_result)
@@ -272,6 +274,15 @@ def macro_sql(spec: AIFunction, typed_by_endpoint: bool = False) -> str:
         f"json_object({', '.join(options)}), {file_args}), "
         f"{TYPE_UDF}('{spec.name}', [{types}], json_object({shaping})))"
     )
+
+
+def _as_text(spec: AIFunction, name: str) -> str:
+    """A text argument as VARCHAR; ai_query's request may be a STRUCT (a custom model's
+    features), which goes as its JSON (DuckDB's own cast would give {'f1': 1})."""
+    if spec is AI_QUERY and name == "request":
+        return (f"CASE WHEN starts_with(typeof({name}), 'STRUCT') THEN CAST(to_json({name}) AS "
+                f"VARCHAR) ELSE CAST({name} AS VARCHAR) END")
+    return f"CAST({name} AS VARCHAR)"
 
 
 def _literal(value: Any) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 from ..ai_functions.calls import BoundCall, read_outcome
 from ..core.errors import InferenceConfigError
 from ..core.results import InferenceStats
+from .scoring import is_scoring_model, score_rows
 
 Outcome = tuple[Any, "str | None"]  # (SQL value, "<error_type>: <message>" or None)
 # (model, user message[, file]); a None message is SQL NULL: not sent. The optional third item
@@ -66,9 +67,10 @@ class Runtime:
     def model_for(self, function: str, endpoint: Any, *, required: bool) -> str:
         """The served model an ``endpoint`` argument names; None means the default model.
         ``ai_query`` may also name an embedding model (its rows are embedded)."""
-        served = self.client.settings.models
+        settings = self.client.settings
+        served = settings.models
         if function == "ai_query":
-            served = served | self.client.settings.embedding_models
+            served = served | settings.embedding_models
         if endpoint is None:
             if required:
                 raise InferenceConfigError(f"{function}: argument 'endpoint' is NULL.")
@@ -81,6 +83,12 @@ class Runtime:
             raise InferenceConfigError(
                 f"{function}: argument 'endpoint' must be a STRING naming a served model, got "
                 f"{type(endpoint).__name__} {endpoint!r}.")
+        if endpoint not in served and function == "ai_query" and is_scoring_model(settings,
+                                                                                   endpoint):
+            return endpoint  # a traditional ML model (MLflow): see sql/scoring.py
+        if endpoint not in served and function == "ai_query" and is_scoring_model(settings,
+                                                                                   endpoint):
+            return endpoint  # a traditional ML model (MLflow): see sql/scoring.py
         if endpoint not in served:
             raise InferenceConfigError(
                 f"{function}: argument 'endpoint' names '{endpoint}', which no configured "
@@ -155,6 +163,9 @@ class Runtime:
                      ) -> list[tuple[Any, str | None]]:
         """The (value, error) of each key's request: chat models' through ``infer``, embedding
         models' through ``embed`` (a vector as a list of floats)."""
+        scoring = [i for i, k in enumerate(keys) if is_scoring_model(self.client.settings, k[1])]
+        if scoring:  # rows for traditional ML models are predicted, the others as below
+            return await self._score_then_infer(call, keys, scoring)
         embedding = self.client.settings.embedding_models
         if not any(k[1] in embedding for k in keys):
             return await self._infer_chat(call, keys)
@@ -167,6 +178,25 @@ class Runtime:
             found = (await self._infer_chat(call, chosen) if model is None
                      else await self._embed(call, model, [k[2] for k in chosen]))
             for i, outcome in zip(indices, found, strict=True):
+                outcomes[i] = outcome
+        return outcomes
+
+    async def _score_then_infer(self, call: BoundCall, keys: list[Key], scoring: list[int]
+                                ) -> list[tuple[Any, str | None]]:
+        outcomes: list[tuple[Any, str | None]] = [(None, None)] * len(keys)
+        chosen = set(scoring)
+        rest = [i for i in range(len(keys)) if i not in chosen]
+        predicted, stats = await score_rows(
+            self.client, [(keys[i][1], keys[i][2]) for i in scoring],
+            partition_key=self.partition_key, scope=self.scope, run_id=self.run_id,
+            logger=self.logger)
+        for stat in stats:
+            self._add(stat)
+        for i, outcome in zip(scoring, predicted, strict=True):
+            outcomes[i] = outcome
+        if rest:
+            for i, outcome in zip(rest, await self._infer(call, [keys[i] for i in rest]),
+                                  strict=True):
                 outcomes[i] = outcome
         return outcomes
 

@@ -21,6 +21,7 @@ from ..simulator.clients import (
 )
 from ..simulator.endpoint import SimulatedEndpoint
 from ..simulator.images import data_uri, png_bytes
+from ..simulator.mlflow_registry import LocalRegistry, ModelServer
 from ..simulator.responders import (
     RISK_LEVEL_SCHEMA,
     EchoResponder,
@@ -32,6 +33,8 @@ from ..simulator.state import max_in_window
 __all__ = [
     "RISK_LEVEL_SCHEMA",
     "EchoResponder",
+    "LocalRegistry",
+    "ModelServer",
     "Responder",
     "SimulatedEndpoint",
     "data_uri",

@@ -11,7 +11,6 @@ import traceback
 import pandas as pd
 import pytest
 
-from dagster_batchllm.core import delivery
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.errors import ErrorType, InferenceConfigError
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
@@ -25,14 +24,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_an_endpoint_with_nothing_listening_fails_the_rows_fast_and_says_why(
-        tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(delivery, "UNREACHABLE_AFTER_S", 1.0)
+def test_an_endpoint_with_nothing_listening_fails_the_rows_fast_and_says_why(tmp_path, caplog):
+    # endpoint_unreachable_after_s=1 takes effect: the default (15 s) would fail the bound below
     url = f"http://127.0.0.1:{_free_port()}/v1"
     settings = InferenceSettings(
         endpoints=(EndpointSpec(name="nowhere", base_url=url, models=("m",), api_key="sk-SECRET",
                                 max_concurrency=4),),
         store_url=f"sqlite:///{tmp_path / 'l.db'}",
+        endpoint_unreachable_after_s=1.0,
         **{**FAST_SETTINGS, "max_attempts": 50, "retry_max_backoff_s": 0.5})
     df = pd.DataFrame({"t": [f"row {i}" for i in range(500)]})
     started = time.monotonic()
@@ -53,13 +52,12 @@ def test_an_endpoint_with_nothing_listening_fails_the_rows_fast_and_says_why(
     assert unreachable.str.contains("check base_url").all()
 
 
-def test_a_slow_endpoint_is_waited_for_not_called_unreachable(tmp_path, monkeypatch):
-    monkeypatch.setattr(delivery, "UNREACHABLE_AFTER_S", 0.2)
+def test_a_slow_endpoint_is_waited_for_not_called_unreachable(tmp_path):
     with SimulatedEndpoint(latency_s=0.5) as sim:
         settings = InferenceSettings(
             endpoints=(EndpointSpec(name="slow", base_url=sim.base_url, models=("sim-model",),
                                     max_concurrency=4),),
-            store_url=None, **FAST_SETTINGS)
+            store_url=None, endpoint_unreachable_after_s=0.2, **FAST_SETTINGS)
         with InferenceClient(settings) as client:
             result = client.infer(pd.DataFrame({"t": list("abcdefgh")}), prompt="{t}")
     assert result.stats.succeeded == 8 and result.stats.failed == 0

@@ -10,23 +10,31 @@ from typing import get_args
 import pytest
 from pydantic_core import PydanticUndefined
 
-from dagster_batchllm.core.settings import DESCRIPTION, EndpointSpec, InferenceSettings
+from dagster_batchllm.core.settings import (
+    DESCRIPTION,
+    EndpointSpec,
+    InferenceSettings,
+    MlflowModelSpec,
+)
 from dagster_batchllm.managed.start import MANAGED_KINDS, ManagedEndpointSpec
 from dagster_batchllm.resource import (
     SETTINGS_BUILT_FROM,
     BatchInferenceResource,
     Endpoint,
     ManagedEndpoint,
+    MlflowModel,
     ModelPrice,
 )
 
 # (config class, spec, config fields converted explicitly, spec fields built from them)
 PAIRS = [
     pytest.param(BatchInferenceResource, InferenceSettings,
-                 {"endpoints", "managed_endpoints", "prices"}, {"endpoints", "model_prices"},
+                 {"endpoints", "managed_endpoints", "prices", "mlflow_models"},
+                 {"endpoints", "model_prices", "mlflow_models"},
                  id="resource-settings"),
     pytest.param(Endpoint, EndpointSpec, set(), set(), id="endpoint"),
     pytest.param(ManagedEndpoint, ManagedEndpointSpec, set(), set(), id="managed-endpoint"),
+    pytest.param(MlflowModel, MlflowModelSpec, set(), set(), id="mlflow-model"),
 ]
 
 
@@ -68,9 +76,9 @@ def test_config_declares_exactly_the_spec_fields(config_class, spec, config_only
 
 
 def test_settings_exceptions_are_the_ones_to_settings_converts():
-    assert set(SETTINGS_BUILT_FROM) == {"endpoints", "model_prices"}
+    assert set(SETTINGS_BUILT_FROM) == {"endpoints", "model_prices", "mlflow_models"}
     assert {name for sources in SETTINGS_BUILT_FROM.values() for name in sources} == {
-        "endpoints", "managed_endpoints", "prices"}
+        "endpoints", "managed_endpoints", "prices", "mlflow_models"}
 
 
 def test_config_choices_are_the_specs_choices():
@@ -84,12 +92,17 @@ def test_to_settings_and_to_spec_copy_every_field(tmp_path):
                         max_concurrency=3, api_key="k", tokens_per_minute=100,
                         requests_per_minute=10, rate_limit_window_s=5.0,
                         max_context_tokens=2048, embedding_models=["e1"], batch_api=True,
-                        max_requests_per_batch=10, max_bytes_per_batch=4096)
+                        max_requests_per_batch=10, max_bytes_per_batch=4096, protocol="mlflow")
     assert endpoint.to_spec() == EndpointSpec(
         name="gpu-a", base_url="http://127.0.0.1:9/v1", models=("m1", "m2"), max_concurrency=3,
         api_key="k", tokens_per_minute=100, requests_per_minute=10, rate_limit_window_s=5.0,
         max_context_tokens=2048, embedding_models=("e1",), batch_api=True,
-        max_requests_per_batch=10, max_bytes_per_batch=4096)
+        max_requests_per_batch=10, max_bytes_per_batch=4096, protocol="mlflow")
+    mlflow_model = MlflowModel(name="risk", model_uri="models:/risk@champion",
+                               registry_uri="sqlite:///r.db", rows_per_batch=7)
+    assert mlflow_model.to_spec() == MlflowModelSpec(
+        name="risk", model_uri="models:/risk@champion", registry_uri="sqlite:///r.db",
+        rows_per_batch=7)
     managed = ManagedEndpoint(kind="llama-server", name="llm", max_concurrency=2, process=True,
                               model_path="/m.gguf", model_name="g", context_per_slot=512,
                               threads=3)
@@ -105,6 +118,8 @@ def test_to_settings_and_to_spec_copy_every_field(tmp_path):
         http_client="openai", coordinate_runs=False, coordination_interval_s=0.125,
         chunk_rows=10, ledger_flush_rows=3, ledger_flush_interval_s=0.5,
         progress_interval_s=9.0, batch_poll_initial_s=0.25, batch_poll_max_s=5.0,
+        mlflow_registry_uri="sqlite:///registry.db",
+        endpoint_unreachable_after_s=2.0, ledger_outage_s=5.0, ledger_statement_timeout_s=3.0,
     )
     copied_by_name = {f.name for f in dataclasses.fields(InferenceSettings)} - set(
         SETTINGS_BUILT_FROM)
@@ -113,7 +128,7 @@ def test_to_settings_and_to_spec_copy_every_field(tmp_path):
     assert all(getattr(defaults, name) != value for name, value in changed.items())
 
     resource = BatchInferenceResource(
-        endpoints=[endpoint],
+        endpoints=[endpoint], mlflow_models=[mlflow_model],
         prices=[ModelPrice(model="m1", usd_per_1m_prompt_tokens=1.0,
                            usd_per_1m_completion_tokens=2.0)],
         **changed,
@@ -122,3 +137,4 @@ def test_to_settings_and_to_spec_copy_every_field(tmp_path):
     assert {name: getattr(settings, name) for name in changed} == changed
     assert settings.endpoints == (endpoint.to_spec(),)
     assert settings.model_prices == (("m1", 1.0, 2.0, 0.5, 1.0),)  # batch: half, by default
+    assert settings.mlflow_models == (mlflow_model.to_spec(),)

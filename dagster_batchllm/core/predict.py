@@ -1,0 +1,232 @@
+"""``predict()``: traditional ML models (MLflow) over rows, as a task of the same engine.
+
+:class:`PredictCall` says what to score; :class:`PredictTask` turns each row into one request
+item (its feature values, keyed by the model's pinned identity and the values) and reads
+predictions back. It is a :class:`~.grouping.GroupedTask`: rows go to the model in groups (one
+``predict()`` of a DataFrame in process, one ``POST /invocations`` with ``dataframe_split`` to a
+served model), and a group the model rejects is split so only the bad row fails. So the ledger,
+deduplication, resume, the pool's limits, retries and breakers are those of ``infer()``; the
+engine does not know it is scoring.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import InferenceConfigError, InvalidInputError, MalformedResponseError, RowError
+from .grouping import GroupingDelivery
+from .ledger import validate_identifier
+from .mlflow_models import SERVED, ResolvedModel
+from .prompts import RowRequest
+from .results import InferenceResult
+from .scoring import ScoringRouter, plain_value
+from .transport import Completion
+
+if TYPE_CHECKING:
+    from .delivery import Delivery
+
+INVOCATIONS_ROUTE = "/invocations"
+INPUT_FORMATS = ("dataframe_split", "dataframe_records")
+
+
+@dataclass(frozen=True)
+class PredictCall:
+    """What to score: the model (or a column naming each row's), the feature columns, where the
+    predictions go."""
+
+    input_columns: tuple[str, ...] = ()
+    model: str | None = None
+    model_column: str | None = None
+    output_column: str = "prediction"
+    error_column: str | None = None
+    #: Most rows in one predict() / one /invocations request (None: the model's rows_per_batch).
+    rows_per_request: int | None = None
+    #: How a served model gets its rows: MLflow's ``dataframe_split`` or ``dataframe_records``.
+    input_format: str = "dataframe_split"
+    scope: str = ""
+    partition_key: str = ""
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if isinstance(self.input_columns, str):
+            set_(self, "input_columns", (self.input_columns,))
+        set_(self, "input_columns", tuple(self.input_columns))
+        if not self.input_columns:
+            raise InferenceConfigError(
+                "predict() needs input_columns=[...]: the columns the model reads, named as "
+                "its features")
+        if len(set(self.input_columns)) != len(self.input_columns):
+            raise InferenceConfigError(f"input_columns repeats a column: {self.input_columns}")
+        if (self.model is None) == (self.model_column is None):
+            raise InferenceConfigError(
+                "predict() needs model= (a configured MLflow model, a served model or a URI "
+                "such as models:/risk@champion) or model_column= (a column naming each row's)")
+        if self.model_column in self.input_columns:
+            raise InferenceConfigError(
+                f"model_column '{self.model_column}' is also an input column")
+        validate_identifier(self.output_column, "output column")
+        set_(self, "error_column", self.error_column or f"{self.output_column}_error")
+        validate_identifier(self.error_column, "output column")
+        size = self.rows_per_request
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int)
+                                 or size < 1):
+            raise InferenceConfigError(
+                f"rows_per_request must be a positive integer, got {self.rows_per_request!r}")
+        if self.input_format not in INPUT_FORMATS:
+            raise InferenceConfigError(
+                f"input_format must be one of {list(INPUT_FORMATS)}, got {self.input_format!r}")
+
+    def input_columns_read(self) -> list[str]:
+        """The frame's columns a run reads, in row-tuple order: features, then the model."""
+        return list(self.input_columns) + ([self.model_column] if self.model_column else [])
+
+    def models_named(self, frame: Any) -> list[str]:
+        """The distinct models the rows name (null cells are left out: they fail as rows)."""
+        if self.model is not None:
+            return [self.model]
+        return [str(v) for v in frame[self.model_column].dropna().unique().tolist()]
+
+
+@dataclass
+class PredictionResult(InferenceResult):
+    """:class:`~.results.InferenceResult` plus, per model the call named, what it resolved to
+    (kind, pinned URI, registered name, version, alias, run id)."""
+
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class PredictTask:
+    """One item per row: the row's feature values for its model, several rows per request."""
+
+    route = INVOCATIONS_ROUTE
+    max_chunk_rows = None
+    max_request_tokens = None
+
+    def __init__(self, call: PredictCall, models: dict[str, ResolvedModel], *,
+                 in_process: Any = None):
+        """``models``: each name the call uses, resolved; ``in_process``: the delivery that
+        scores in-process models (:class:`~.scoring.InProcessScoring`), put in front of the
+        one the engine gives for served models."""
+        self.call = call
+        self.models = models
+        self.in_process = in_process
+        self.columns = list(call.input_columns)
+        per_model = [m.rows_per_batch for m in models.values() if m.kind != SERVED]
+        self.items_per_request = call.rows_per_request or max(per_model, default=256)
+
+    # -- rows -> items -----------------------------------------------------------------------
+    def requests(self, rows: Iterator[tuple]) -> Iterator[RowRequest | RowError]:
+        n = len(self.columns)
+        fixed = self.call.model
+        # The key: the model's pinned identity, the feature names and the row's values. repr of
+        # plain Python values is exact and several times cheaper than JSON, per row.
+        prefixes = {name: f"predict|{model.identity}|{self.columns!r}|"
+                    for name, model in self.models.items() if not model.error}
+        for row in rows:
+            ref = fixed if fixed is not None else row[n]
+            if ref is None or (isinstance(ref, float) and math.isnan(ref)):
+                yield InvalidInputError(f"model column '{self.call.model_column}' is empty")
+                continue
+            ref = ref if isinstance(ref, str) else str(ref)
+            prefix = prefixes.get(ref)
+            if prefix is None:
+                yield _unusable(ref, self.models.get(ref))
+                continue
+            try:
+                values = [plain_value(v) for v in row[:n]]
+            except (TypeError, ValueError) as exc:
+                yield InvalidInputError(f"a feature value cannot be scored: {exc}")
+                continue
+            key = hashlib.sha256(f"{prefix}{values!r}".encode()).hexdigest()
+            yield RowRequest(key=key, model=ref, body=b"", reserve_tokens=0,
+                             typical_prompt_tokens=0, max_tokens=0, payload=values)
+
+    # -- items -> one request, its reply -> items --------------------------------------------
+    def group_request(self, items: list[RowRequest]) -> RowRequest:
+        model = items[0].model
+        body = b""
+        if self.models[model].kind == SERVED:
+            data = [[_json_safe(v) for v in item.payload] for item in items]
+            if self.call.input_format == "dataframe_records":
+                payload = {"dataframe_records": [dict(zip(self.columns, r, strict=True))
+                                                 for r in data]}
+            else:
+                payload = {"dataframe_split": {"columns": self.columns, "data": data}}
+            body = json.dumps(payload, ensure_ascii=False, default=str).encode()
+        return RowRequest(key="", model=model, body=body, reserve_tokens=0,
+                          typical_prompt_tokens=0, max_tokens=0,
+                          payload=(self.columns, [item.payload for item in items]))
+
+    def split_reply(self, reply: Completion, items: list[RowRequest]
+                    ) -> list[Completion | RowError]:
+        predictions = reply.payload
+        if len(predictions) != len(items):
+            raise MalformedResponseError(
+                f"model '{items[0].model}' returned {len(predictions)} predictions for "
+                f"{len(items)} rows")
+        parts: list[Completion | RowError] = []
+        dumps = json.dumps  # default arguments: the C encoder, cached
+        for prediction in predictions:
+            try:
+                content = dumps(prediction)
+            except (TypeError, ValueError) as exc:
+                parts.append(MalformedResponseError(f"a prediction is not JSON data: {exc}"))
+                continue
+            parts.append(Completion(content=content, prompt_tokens=0, completion_tokens=0,
+                                    usage_reported=True, finish_reason=None,
+                                    latency_s=reply.latency_s, payload=prediction))
+        return parts
+
+    def parse_reply(self, raw: bytes, *, endpoint: str, latency_s: float) -> Completion:
+        """A served model's ``{"predictions": [...]}`` (or a bare list)."""
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            raise MalformedResponseError(
+                f"endpoint '{endpoint}' answered 200 with a body that is not JSON: "
+                f"{raw[:120].decode('utf-8', 'replace')!r}") from None
+        predictions = payload.get("predictions") if isinstance(payload, dict) else payload
+        if not isinstance(predictions, list):
+            keys = sorted(payload)[:8] if isinstance(payload, dict) else type(payload).__name__
+            raise MalformedResponseError(
+                f"endpoint '{endpoint}' answered 200 without a 'predictions' list ({keys})")
+        if predictions and isinstance(predictions[0], dict) and len(predictions[0]) == 1:
+            predictions = [next(iter(p.values())) if isinstance(p, dict) else p
+                           for p in predictions]
+        return Completion(content="", prompt_tokens=0, completion_tokens=0,
+                          usage_reported=True, finish_reason=None, latency_s=latency_s,
+                          payload=predictions)
+
+    # -- values ------------------------------------------------------------------------------
+    def value(self, content: str) -> Any:
+        try:
+            return json.loads(content)
+        except ValueError:
+            raise MalformedResponseError("a stored prediction is not JSON") from None
+
+    def reply_value(self, completion: Completion, request: RowRequest) -> Any:
+        return completion.payload if completion.payload is not None else \
+            self.value(completion.content)
+
+    def deliver(self, delivery: Delivery) -> Delivery:
+        """Groups of rows per model; in-process models scored here, served ones sent by
+        ``delivery`` (the pool)."""
+        inner = delivery if self.in_process is None else ScoringRouter(self.in_process, delivery)
+        return GroupingDelivery(inner, self)
+
+
+def _unusable(ref: str, model: ResolvedModel | None) -> RowError:
+    from .errors import UnsupportedModelError
+
+    return UnsupportedModelError(model.error if model is not None else
+                                 f"unknown model '{ref}'")
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN is not JSON: a missing number goes to a served model as null."""
+    return None if isinstance(value, float) and math.isnan(value) else value

@@ -1,0 +1,149 @@
+"""The executor side of traditional ML models on Spark: score one Arrow batch or one group.
+
+Runs in Spark's Python workers: imports neither dagster nor pyspark. Each batch goes to the
+worker process's client for the job's settings (:func:`.worker.client_for`), whose ``predict``
+looks every row up in the ledger first and scores the rest in groups with the model loaded once
+per process (:func:`~dagster_batchllm.core.mlflow_models.load_model`): a Python worker that
+runs many batches and tasks loads each model once. The models were resolved on the driver, so
+every worker scores the same versions even if an alias moves during the job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from ..core.mlflow_models import IN_PROCESS, ResolvedModel, load_model
+from ..core.predict import PredictCall
+from ..core.scoring import predict_isolating_errors
+from ..core.settings import InferenceSettings
+from .worker import client_for
+
+RESULT_FIELD, ERROR_FIELD = "result", "errorMessage"
+
+
+@dataclass(frozen=True)
+class ModelJob:
+    """What each executor needs: settings, the call, the driver's resolution of its models."""
+
+    settings: InferenceSettings
+    call: PredictCall
+    models: tuple[tuple[str, ResolvedModel], ...]
+    result_type: str = "double"
+    fail_on_error: bool = False
+    run_id: str | None = None
+    #: Keep every prediction in the ledger (a rerun scores nothing again); False: score each
+    #: batch with one plain predict() as spark_udf does, a rejected row still failing alone.
+    use_ledger: bool = True
+
+    def score(self, frame: pd.DataFrame) -> tuple[list[Any], list[str | None]]:
+        if self.use_ledger:
+            client = client_for(self.settings)
+            result = client.predict(frame, self.call, models=dict(self.models),
+                                    run_id=self.run_id)
+            outputs = result.df[result.output_column]
+            errors = result.df[result.error_column].tolist()
+        else:
+            outputs, errors = self._score_directly(frame)
+        values = [_as_type(v, self.result_type) for v in outputs]
+        if self.fail_on_error:
+            failed = [e for e in errors if e is not None]
+            if failed:
+                raise RuntimeError(f"{len(failed)} of {len(errors)} rows failed; the first: "
+                                   f"{failed[0]} (the answered rows are in the ledger; "
+                                   "fail_on_error=False keeps errors as data)")
+        return values, errors
+
+
+    def _score_directly(self, frame: pd.DataFrame) -> tuple[list[Any], list[str | None]]:
+        models = dict(self.models)
+        n = len(frame)
+        names = ([self.call.model] * n if self.call.model is not None
+                 else frame[self.call.model_column].tolist())
+        outputs: list[Any] = [None] * n
+        errors: list[str | None] = [None] * n
+        features = frame[list(self.call.input_columns)]
+        for name in dict.fromkeys(names):
+            rows = [i for i, m in enumerate(names) if m == name]
+            model = models.get(name) if isinstance(name, str) else None
+            problem = _unusable(name, model, self.call.model_column)
+            if problem is None:
+                try:
+                    pyfunc = load_model(model)
+                except Exception as exc:
+                    problem = f"unsupported_model: model '{name}' could not be loaded: {exc}"
+            if problem is not None:
+                for i in rows:
+                    errors[i] = problem
+                continue
+            values, failed = predict_isolating_errors(
+                pyfunc, features.iloc[rows].reset_index(drop=True), name)
+            for i, value, error in zip(rows, values, failed, strict=True):
+                outputs[i], errors[i] = value, error
+        return outputs, errors
+
+
+def _unusable(name: Any, model: ResolvedModel | None, column: str | None) -> str | None:
+    if name is None or (isinstance(name, float) and name != name):
+        return f"invalid_input: model column '{column}' is empty"
+    if model is None:
+        return f"unsupported_model: unknown model '{name}'"
+    if model.error:
+        return f"unsupported_model: {model.error}"
+    if model.kind != IN_PROCESS:
+        return (f"unsupported_model: '{name}' is served; use_ledger=False scores in-process "
+                "models only")
+    return None
+
+
+def _as_type(value: Any, result_type: str) -> Any:
+    """A prediction in the column's Spark type (a classifier's 0/1 as 1.0, like spark_udf)."""
+    if value is None:
+        return None
+    kind = result_type.lower()
+    try:
+        if kind in ("double", "float"):
+            return float(value)
+        if kind in ("int", "integer", "bigint", "long"):
+            return int(value)
+        if kind in ("string",):
+            return value if isinstance(value, str) else str(value)
+        if kind == "boolean":
+            return bool(value)
+    except (TypeError, ValueError):
+        return None
+    return value
+
+
+def scalar_function(job: ModelJob, feature_names: list[str]):
+    """The pandas UDF body: a batch of the features (a struct, one field per feature)."""
+
+    # No type hints: pandas_udf would read them as a different kind of UDF.
+    def predict_batch(features):
+        frame = features.copy(deep=False)
+        frame.columns = feature_names
+        values, errors = job.score(frame.reset_index(drop=True))
+        if job.fail_on_error:
+            return pd.Series(values, dtype=object)
+        return pd.DataFrame({RESULT_FIELD: values, ERROR_FIELD: errors})
+
+    return predict_batch
+
+
+def group_function(job: ModelJob, output_column: str, drop_columns: tuple[str, ...] = ()):
+    """The applyInPandas body: one group's rows, plus the prediction column."""
+
+    def predict_group(pdf):
+        pdf = pdf.reset_index(drop=True)
+        values, errors = job.score(pdf)
+        out = pdf.drop(columns=list(drop_columns))
+        if job.fail_on_error:
+            out[output_column] = pd.Series(values, dtype=object)
+        else:
+            out[output_column] = [{RESULT_FIELD: v, ERROR_FIELD: e}
+                                  for v, e in zip(values, errors, strict=True)]
+        return out
+
+    return predict_group

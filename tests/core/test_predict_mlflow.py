@@ -1,0 +1,180 @@
+"""predict(): scikit-learn models from a real local MLflow registry, scored in process.
+
+Every URI form names the same model and gives its predictions; a row the model rejects fails
+alone; a rerun is answered from the ledger; a model column routes each row to its model; a
+moved alias scores again under the new version; a wrong call raises before anything runs."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.errors import InferenceConfigError
+from dagster_batchllm.core.mlflow_models import load_counts
+from dagster_batchllm.core.settings import InferenceSettings, MlflowModelSpec
+
+pytest.importorskip("mlflow")
+
+from dagster_batchllm.testing.mlflow_registry import (
+    LocalRegistry,
+    feature_frame,
+    fit_risk_model,
+)
+
+FEATURES = ["f1", "f2"]
+
+
+@pytest.fixture
+def scoring(mlflow_registry, tmp_path):
+    clients = []
+
+    def build(*models: tuple[str, str], registry=None, **overrides) -> InferenceClient:
+        registry = registry or mlflow_registry
+        settings = InferenceSettings(
+            endpoints=(), store_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+            mlflow_models=tuple(MlflowModelSpec(name=n, model_uri=u) for n, u in models),
+            mlflow_registry_uri=registry.uri, ledger_flush_interval_s=0.05,
+            progress_interval_s=60.0, **overrides)
+        clients.append(InferenceClient(settings))
+        return clients[-1]
+
+    yield build
+    for client in clients:
+        client.close()
+
+
+def expected(version: int, frame: pd.DataFrame) -> list[int]:
+    return fit_risk_model(version).predict(frame[FEATURES]).tolist()
+
+
+def test_every_uri_form_scores_the_registered_model(scoring, mlflow_registry, tmp_path):
+    frame = feature_frame(300, seed=7)
+    folder = mlflow_registry.local_path("risk", "1", tmp_path / "risk_v1")
+    client = scoring(("by_alias", "models:/risk@champion"), ("by_version", "models:/risk/1"),
+                     ("by_run", mlflow_registry.run_uri("risk", "1")), ("by_path", folder))
+    want = expected(1, frame)
+    for name in ("by_alias", "by_version", "by_run", "by_path"):
+        result = client.predict(frame, model=name, input_columns=FEATURES, output_column="risk")
+        assert result.df["risk"].tolist() == want, name
+        assert result.df["risk_error"].isna().all()
+        assert result.stats.succeeded == len(frame)
+    alias = client.predict(frame, model="by_alias", input_columns=FEATURES,
+                           output_column="risk").models["by_alias"]
+    assert alias["version"] == "1" and alias["alias"] == "champion"
+    assert alias["uri"] == "models:/risk/1" and alias["registered_name"] == "risk"
+
+
+def test_a_row_the_model_rejects_fails_alone_with_the_models_reason(scoring):
+    frame = feature_frame(64, seed=3)
+    frame["f1"] = frame["f1"].astype(object)
+    frame.loc[17, "f1"] = "not a number"
+    client = scoring(("risk", "models:/risk@champion"))
+    result = client.predict(frame, model="risk", input_columns=FEATURES, output_column="risk")
+    errors = result.df["risk_error"]
+    assert errors.notna().tolist() == [i == 17 for i in range(64)]
+    assert errors[17].startswith("invalid_input: model 'risk' rejected the input")
+    assert "f1" in errors[17]
+    assert result.error_types[17] == "invalid_input"
+    good = frame.drop(index=17).astype({"f1": float})
+    assert result.df["risk"].drop(index=17).tolist() == expected(1, good)
+
+
+def test_a_rerun_scores_only_the_rows_not_in_the_ledger(scoring):
+    frame = feature_frame(500, seed=11)
+    client = scoring(("risk", "models:/risk@champion"))
+    first = client.predict(frame.head(200), model="risk", input_columns=FEATURES,
+                           output_column="risk", partition_key="p")
+    assert first.stats.cached == 0 and first.stats.requests >= 1
+    again = client.predict(frame, model="risk", input_columns=FEATURES, output_column="risk",
+                           partition_key="p")
+    assert again.stats.cached == 200 and again.stats.succeeded == 500
+    assert again.df["risk"].tolist() == expected(1, frame)
+    # Only the 300 new rows went to the model: the in-process scorer counts what it scored.
+    assert again.stats.endpoints["in-process"]["rows"] == 300
+    assert again.statuses.value_counts()["cached"] == 200
+
+
+def test_a_model_column_routes_each_row_to_its_model(scoring, mlflow_registry):
+    frame = feature_frame(40, seed=5)
+    cells = ["champion_model", "models:/risk/2", "nobody-knows-me", None]
+    frame["model_uri"] = [cells[i % 4] for i in range(40)]
+    client = scoring(("champion_model", "models:/risk@champion"))
+    result = client.predict(frame, model_column="model_uri", input_columns=FEATURES,
+                            output_column="risk")
+    out = result.df
+    v1, v2 = out["model_uri"] == "champion_model", out["model_uri"] == "models:/risk/2"
+    assert out.loc[v1, "risk"].tolist() == expected(1, frame[v1])
+    assert out.loc[v2, "risk"].tolist() == expected(2, frame[v2])
+    unknown = out["model_uri"] == "nobody-knows-me"
+    assert out.loc[unknown, "risk_error"].str.startswith(
+        "unsupported_model: unknown model 'nobody-knows-me'").all()
+    assert out.loc[out["model_uri"].isna(), "risk_error"].eq(
+        "invalid_input: model column 'model_uri' is empty").all()
+    assert result.models["models:/risk/2"]["version"] == "2"
+    # One predict() per model: each group holds only its model's rows.
+    assert result.stats.endpoints["in-process"]["requests"] == 2
+
+
+def test_a_moved_alias_scores_under_the_new_version_and_keeps_the_old_answers(
+        scoring, tmp_path):
+    registry = LocalRegistry(tmp_path / "own-registry")
+    example = feature_frame(3)
+    registry.log_sklearn("churn", fit_risk_model(1), input_example=example, alias="champion")
+    registry.log_sklearn("churn", fit_risk_model(2), input_example=example)
+    client = scoring(("churn", "models:/churn@champion"), registry=registry)
+    frame = feature_frame(200, seed=9)
+    first = client.predict(frame, model="churn", input_columns=FEATURES, output_column="p")
+    assert first.models["churn"]["version"] == "1"
+    registry.set_alias("churn", "champion", "2")
+    moved = client.predict(frame, model="churn", input_columns=FEATURES, output_column="p")
+    assert moved.models["churn"]["version"] == "2"
+    assert moved.stats.cached == 0  # no answer of version 1 stands in for version 2
+    assert moved.df["p"].tolist() == expected(2, frame) != expected(1, frame)
+    registry.set_alias("churn", "champion", "1")  # moved back: version 1's answers still hold
+    back = client.predict(frame, model="churn", input_columns=FEATURES, output_column="p")
+    assert back.stats.cached == 200 and back.df["p"].tolist() == expected(1, frame)
+
+
+def test_scoring_leaves_mlflows_process_settings_as_they_were(scoring, monkeypatch):
+    import os
+
+    import mlflow
+
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///somewhere-else.db")
+    before = mlflow.get_tracking_uri()
+    client = scoring(("risk", "models:/risk/2"))
+    client.predict(feature_frame(5), model="risk", input_columns=FEATURES)
+    assert "MLFLOW_REGISTRY_URI" not in os.environ
+    assert os.environ["MLFLOW_TRACKING_URI"] == "sqlite:///somewhere-else.db"
+    assert mlflow.get_tracking_uri() == before
+
+
+def test_each_model_is_loaded_once_per_process(scoring):
+    client = scoring(("risk", "models:/risk@champion"))
+    for seed in range(3):
+        client.predict(feature_frame(50, seed=100 + seed), model="risk", input_columns=FEATURES,
+                       output_column="risk", rows_per_request=8)
+    loaded = [n for identity, n in load_counts.items() if identity.startswith("models:/risk/1|")]
+    assert loaded == [1]
+
+
+def test_wrong_calls_raise_before_anything_is_scored(scoring, tmp_path):
+    client = scoring(("risk", "models:/risk@champion"), ("gone", "models:/risk@nope"))
+    frame = feature_frame(5)
+    with pytest.raises(InferenceConfigError, match=r"column\(s\) \['f3'\]"):
+        client.predict(frame, model="risk", input_columns=["f1", "f3"], output_column="r")
+    with pytest.raises(InferenceConfigError, match="signature needs input"):
+        client.predict(frame, model="risk", input_columns=["f1"], output_column="r")
+    with pytest.raises(InferenceConfigError, match="unknown model 'elsewhere'"):
+        client.predict(frame, model="elsewhere", input_columns=FEATURES, output_column="r")
+    with pytest.raises(InferenceConfigError, match="'gone' .* cannot be resolved"):
+        client.predict(frame, model="gone", input_columns=FEATURES, output_column="r")
+    with pytest.raises(InferenceConfigError, match="model= .* or model_column="):
+        client.predict(frame, input_columns=FEATURES, output_column="r")
+    with pytest.raises(InferenceConfigError, match="no MLmodel file"):
+        client.predict(frame, model=str(tmp_path / "empty"), input_columns=FEATURES,
+                       output_column="r")
+    with pytest.raises(InferenceConfigError, match="unknown argument"):
+        client.predict(frame, model="risk", input_columns=FEATURES, prompt="Summarize: {f1}")

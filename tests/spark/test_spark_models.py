@@ -1,0 +1,165 @@
+"""The seed's two Spark patterns against ours, over a real local MLflow registry in Spark local
+mode: ``mlflow.pyfunc.spark_udf`` + ``withColumn`` and ``groupBy(model).applyInPandas`` with
+``mlflow.pyfunc.load_model`` per group give the same predictions as ``model_udf`` and
+``predict_grouped`` row for row; ours load each model once per Python worker (counted by the
+model itself), a bad row fails alone and a rerun is answered from the ledger."""
+
+from __future__ import annotations
+
+import collections
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("mlflow")
+
+import mlflow
+import mlflow.pyfunc
+from dagster_batchllm.testing.mlflow_registry import (
+    feature_frame,
+    fit_risk_model,
+)
+
+from dagster_batchllm.core.settings import InferenceSettings, MlflowModelSpec
+from dagster_batchllm.spark import model_udf, predict_grouped
+
+FEATURES = ["f1", "f2"]
+
+
+@pytest.fixture
+def settings(mlflow_registry, tmp_path):
+    return InferenceSettings(
+        endpoints=(), mlflow_models=(MlflowModelSpec(name="risk",
+                                                     model_uri="models:/risk@champion"),),
+        mlflow_registry_uri=mlflow_registry.uri,
+        store_url=f"sqlite:///{tmp_path / 'ledger.db'}", ledger_flush_interval_s=0.05)
+
+
+def _frame(rows: int, seed: int) -> pd.DataFrame:
+    frame = feature_frame(rows, seed=seed)
+    frame.insert(0, "row_id", range(rows))
+    return frame
+
+
+def test_model_udf_matches_mlflow_spark_udf_row_for_row(spark, settings, mlflow_registry):
+    from dagster_batchllm.core.mlflow_models import mlflow_uris
+
+    df = spark.createDataFrame(_frame(600, seed=41)).repartition(3)
+
+    # The seed's pattern, as the document writes it (over the feature columns); spark_udf
+    # downloads the model here and ships it to the executors.
+    with mlflow_uris(mlflow_registry.uri):
+        predict_udf = mlflow.pyfunc.spark_udf(spark, model_uri="models:/risk/1",
+                                              env_manager="local")
+    seed = df.withColumn("prediction", predict_udf(*FEATURES)).toPandas()
+
+    ours = df.withColumn("prediction", model_udf(spark, "risk", settings)(*FEATURES))
+    ours = ours.select("row_id", "prediction.result", "prediction.errorMessage").toPandas()
+    merged = seed.merge(ours, on="row_id")
+    assert len(merged) == 600
+    assert merged["prediction"].tolist() == merged["result"].tolist()
+    assert merged["errorMessage"].isna().all()
+
+    again = df.withColumn("p", model_udf(spark, "risk", settings)(*FEATURES))
+    assert again.where("p.errorMessage IS NULL").count() == 600  # from the ledger, same rows
+
+    plain = df.withColumn("p", model_udf(spark, "risk", settings, use_ledger=False)(*FEATURES))
+    plain = plain.select("row_id", "p.result").toPandas().merge(seed, on="row_id")
+    assert plain["result"].tolist() == plain["prediction"].tolist()
+
+
+@pytest.mark.parametrize("use_ledger", [True, False])
+def test_a_row_the_model_rejects_fails_alone_in_spark(spark, settings, use_ledger):
+    frame = _frame(50, seed=42).astype({"f1": object})
+    frame.loc[10, "f1"] = None  # LogisticRegression rejects a missing value
+    df = spark.createDataFrame(frame, "row_id long, f1 double, f2 double").coalesce(1)
+    predict = model_udf(spark, "risk", settings, use_ledger=use_ledger)
+    out = df.withColumn("p", predict("f1", "f2")).toPandas()
+    errors = out.set_index("row_id")["p"].map(lambda p: p["errorMessage"])
+    assert errors.notna().tolist() == [i == 10 for i in range(50)]
+    assert errors[10].startswith("invalid_input: model 'risk' rejected the input")
+    good = frame.drop(index=10).astype({"f1": float})
+    assert out.set_index("row_id").drop(index=10)["p"].map(
+        lambda p: p["result"]).tolist() == fit_risk_model(1).predict(good[FEATURES]).tolist()
+
+
+@pytest.fixture
+def counting_models(mlflow_registry, tmp_path):
+    """Three registered pyfunc models (each a scikit-learn model) that log every load."""
+    from dagster_batchllm.simulator.mlflow_pyfunc import LoadCountingModel
+
+    log = tmp_path / "loads.log"
+    paths = {}
+    for tag, version in (("north", 1), ("south", 2), ("west", 1)):
+        name = f"team_{tag}"
+        got = mlflow_registry.log_pyfunc(
+            name, LoadCountingModel(fit_risk_model(version), tag),
+            input_example=feature_frame(2), model_config={"load_log": str(log)})
+        paths[tag] = mlflow_registry.local_path(name, got, tmp_path / name)
+    return paths, log
+
+
+def _loads(log) -> collections.Counter:
+    if not log.exists():
+        return collections.Counter()
+    return collections.Counter(tuple(line.split()) for line in log.read_text().splitlines())
+
+
+def test_predict_grouped_matches_the_seeds_apply_in_pandas_and_loads_once_per_worker(
+        spark, settings, counting_models):
+    paths, log = counting_models
+    frame = _frame(900, seed=43)
+    teams = list(paths)
+    frame["model_path"] = [paths[teams[i % 3]] for i in range(900)]
+    df = spark.createDataFrame(frame)
+
+    def run_inference(pdf):  # the seed's function, features selected by name
+        model_path = pdf["model_path"].iloc[0]
+        model = mlflow.pyfunc.load_model(model_path)
+        pdf["prediction"] = model.predict(pdf[FEATURES]).astype("float64")
+        return pdf
+
+    from pyspark.sql.types import DoubleType, StructField, StructType
+
+    schema = StructType([*df.schema.fields, StructField("prediction", DoubleType())])
+    log.unlink(missing_ok=True)  # logging a model loads it once too
+    seed = df.groupBy("model_path").applyInPandas(run_inference, schema=schema).toPandas()
+    seed_loads = _loads(log)
+    assert sum(seed_loads.values()) == 3  # one group per model, one load per group
+    log.unlink()
+
+    ours = predict_grouped(df, model_column="model_path", input_columns=FEATURES, llm=settings,
+                           output_column="pred", buckets_per_model=4).toPandas()
+    merged = seed.merge(ours[["row_id", "pred"]], on="row_id")
+    assert len(merged) == 900
+    assert merged["prediction"].tolist() == merged["pred"].map(lambda p: p["result"]).tolist()
+    assert merged["pred"].map(lambda p: p["errorMessage"]).isna().all()
+    # 12 groups (3 models x 4 buckets) over 2 worker slots: each model loaded once per worker
+    # process that scored it, never per group.
+    loads = _loads(log)
+    assert loads and set(loads.values()) == {1}  # no worker loaded a model twice
+    assert {tag for _, tag in loads} == set(teams)
+    assert sum(loads.values()) < 12  # fewer loads than groups: the workers kept them
+
+    rerun = predict_grouped(df, model_column="model_path", input_columns=FEATURES,
+                            llm=settings, output_column="pred", buckets_per_model=4)
+    assert rerun.where("pred.errorMessage IS NULL").count() == 900
+    assert set(_loads(log).values()) == {1}  # the workers kept their models
+
+
+def test_spark_sql_ai_query_on_a_registered_model_with_named_struct(spark, settings):
+    from dagster_batchllm.spark import register_ai_functions
+
+    frame = _frame(200, seed=44)
+    spark.createDataFrame(frame).createOrReplaceTempView("features")
+    register_ai_functions(spark, settings)
+    out = spark.sql("""SELECT row_id, ai_query('risk', named_struct('f1', f1, 'f2', f2),
+                                          returnType => 'DOUBLE') AS p
+                       FROM features""").toPandas().sort_values("row_id")
+    assert out["p"].tolist() == fit_risk_model(1).predict(frame[FEATURES]).astype(float).tolist()
+    checked = spark.sql("""SELECT ai_query('risk', named_struct('f1', f1, 'f2', f2),
+                                           returnType => 'DOUBLE', failOnError => false) AS p
+                           FROM features""")
+    assert checked.schema["p"].dataType.simpleString() == \
+        "struct<result:double,errorMessage:string>"
+    assert checked.where("p.errorMessage IS NULL").count() == 200
