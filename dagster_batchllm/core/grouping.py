@@ -145,6 +145,8 @@ class GroupingDelivery:
                         ) -> list[Completion | RowError]:
         """The reply (or the final error) of each of ``requests``, in order; each item's
         ``attempts`` counts as for ``send``."""
+        if not requests:
+            return []
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), len(requests))
         cap = self.task.max_request_tokens
