@@ -1,8 +1,10 @@
 """A Spark job cancelled mid-inference loses none of the answers its tasks already received.
 
 On cancel (``cancelJobGroup`` with ``interruptOnCancel=True``) Spark interrupts the task thread;
-the Python worker gets no signal. The executor's monitor thread waits
-``spark.python.task.killTimeout`` (2 s) and then has the daemon SIGKILL the worker, mid-batch.
+the Python worker gets no signal, and its socket to the JVM stays open (so there is nothing a
+worker could turn into the engine's stop). The executor's monitor thread notices the interrupt
+within 2 s, waits ``spark.python.task.killTimeout`` (2 s) and has the daemon SIGKILL the worker,
+mid-batch; until then it keeps sending.
 What the worker had received is in its run's journal (appended before it is acknowledged), and
 the next query on the same ledger folds that journal in before it looks anything up: the rerun
 pays again only for the requests that were in flight at the kill.
