@@ -32,11 +32,12 @@ from .batch_collect import BatchCollector, progress_line
 from .batch_delivery import BatchDelivery, batch_name
 from .batch_protocol import protocol_for
 from .call import InferenceCall
-from .engine import InferenceRun, estimate_cost
+from .engine import InferenceRun
 from .errors import InferenceConfigError
 from .ledger import DEFERRED
 from .limits import TokenBudget
 from .results import InferenceStats, RowStatus
+from .run_figures import estimate_cost
 from .tasks import ChatTask
 
 MODES = ("online", "batch_api")

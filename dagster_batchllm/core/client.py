@@ -19,12 +19,13 @@ from .batch_mode import BatchModeCall, check_mode
 from .call import InferenceCall
 from .embed_call import EmbedCall
 from .embed_client import embed_frame, estimate_embeddings
-from .engine import InferenceRun, estimate_cost
+from .engine import InferenceRun
 from .errors import InferenceConfigError, RowError
 from .ledger import Ledger
 from .pool import EndpointPool
 from .prompts import iter_row_requests, row_tuples
 from .results import InferenceEstimate, InferenceResult, row_outcome_columns
+from .run_figures import estimate_cost
 from .settings import InferenceSettings
 
 log = logging.getLogger("dagster_batchllm")

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from .embed_call import EmbedCall
 from .embeddings import EmbedTask
-from .engine import InferenceRun, estimate_cost
+from .engine import InferenceRun
 from .errors import InferenceConfigError, RowError
 from .prompts import row_tuples
 from .results import InferenceEstimate, InferenceResult, row_outcome_columns
+from .run_figures import estimate_cost
 
 if TYPE_CHECKING:
     from .client import InferenceClient

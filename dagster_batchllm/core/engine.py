@@ -37,6 +37,7 @@ from .pool import EndpointPool
 from .prompts import RowRequest, row_tuples
 from .results import InferenceStats, RowStatus
 from .run_coordination import RunCoordination
+from .run_figures import Progress, estimate_cost, finish_stats
 from .settings import InferenceSettings
 from .tasks import ChatTask, Task
 from .transport import Transport, make_transport
@@ -451,61 +452,12 @@ class InferenceRun:
     # -- progress and figures ----------------------------------------------------------------
     async def _progress_loop(self) -> None:
         interval = self.settings.progress_interval_s
-        total = len(self.inputs)
-        last_done, last_change = 0, time.perf_counter()
+        progress = Progress(total=len(self.inputs), started=self._started, interval_s=interval)
         while True:
             await asyncio.sleep(interval)
-            now = time.perf_counter()
-            elapsed = now - self._started
-            done = self._done_rows
-            if done != last_done:
-                last_done, last_change = done, now
-            rate = done / elapsed if elapsed > 0 else 0.0
-            tokens = self.stats.prompt_tokens + self.stats.completion_tokens
-            failed = sum(self.stats.errors_by_type.values())
-            if now - last_change >= interval and done < total:
-                # An ETA from a rate that has stopped grows without bound: say what happens.
-                outlook = f"no row finished in the last {now - last_change:.0f} s"
-            else:
-                eta = (total - done) / rate if rate > 0 else float("inf")
-                outlook = f"ETA {eta:.0f} s"
-            self.log.info(
-                f"batchllm: {done}/{total} rows ({100 * done / max(total, 1):.0f}%), "
-                f"{rate:.0f} rows/s, {tokens / max(elapsed, 1e-9):.0f} tokens/s, "
-                f"{failed} failed rows, {outlook}"
-            )
+            self.log.info(progress.line(self._done_rows, self.stats))
 
     def _finish_stats(self) -> None:
-        stats = self.stats
-        stats.elapsed_s = time.perf_counter() - self._started
-        counts = [0] * len(RowStatus)
-        for status in self.row_status:
-            counts[status] += 1
-        if counts[RowStatus.PENDING]:
-            raise RuntimeError(
-                f"internal error: {counts[RowStatus.PENDING]} rows ended without an outcome; "
-                "nothing was written for them, a rerun will send them"
-            )
-        stats.cached = counts[RowStatus.CACHED]
-        stats.succeeded = counts[RowStatus.OK] + counts[RowStatus.CACHED]
-        stats.failed = counts[RowStatus.FAILED]
-        stats.deferred = counts[RowStatus.DEFERRED]
-        if self._latencies:
-            ordered = sorted(self._latencies)
-            stats.latency_p50_s = round(ordered[len(ordered) // 2], 4)
-            stats.latency_p95_s = round(ordered[min(len(ordered) - 1,
-                                                    int(len(ordered) * 0.95))], 4)
-        stats.endpoints = self.delivery.snapshot()
-        stats.estimated_cost_usd = estimate_cost(self.settings, stats.tokens_by_model)
-
-
-def estimate_cost(settings: InferenceSettings,
-                  tokens_by_model: dict[str, dict[str, int]]) -> float | None:
-    total = None
-    for model, tokens in tokens_by_model.items():
-        price = settings.price_for(model)
-        if price is None:
-            continue
-        total = (total or 0.0) + (tokens["prompt_tokens"] * price[0]
-                                  + tokens["completion_tokens"] * price[1]) / 1e6
-    return round(total, 6) if total is not None else None
+        finish_stats(self.stats, self.row_status, self._latencies, started=self._started)
+        self.stats.endpoints = self.delivery.snapshot()
+        self.stats.estimated_cost_usd = estimate_cost(self.settings, self.stats.tokens_by_model)

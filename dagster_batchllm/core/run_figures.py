@@ -1,0 +1,72 @@
+"""A run's figures: the progress line it logs as it goes, and its stats when it ends."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from .results import InferenceStats, RowStatus
+from .settings import InferenceSettings
+
+
+class Progress:
+    """The progress line: rows done, rates, failures and an outlook that says when it stalls."""
+
+    def __init__(self, *, total: int, started: float, interval_s: float):
+        self.total = total
+        self.started = started
+        self.interval_s = interval_s
+        self._last_done, self._last_change = 0, time.perf_counter()
+
+    def line(self, done: int, stats: InferenceStats) -> str:
+        now = time.perf_counter()
+        elapsed = now - self.started
+        if done != self._last_done:
+            self._last_done, self._last_change = done, now
+        rate = done / elapsed if elapsed > 0 else 0.0
+        tokens = stats.prompt_tokens + stats.completion_tokens
+        failed = sum(stats.errors_by_type.values())
+        total = self.total
+        if now - self._last_change >= self.interval_s and done < total:
+            # An ETA from a rate that has stopped grows without bound: say what happens.
+            outlook = f"no row finished in the last {now - self._last_change:.0f} s"
+        else:
+            eta = (total - done) / rate if rate > 0 else float("inf")
+            outlook = f"ETA {eta:.0f} s"
+        return (f"batchllm: {done}/{total} rows ({100 * done / max(total, 1):.0f}%), "
+                f"{rate:.0f} rows/s, {tokens / max(elapsed, 1e-9):.0f} tokens/s, "
+                f"{failed} failed rows, {outlook}")
+
+
+def finish_stats(stats: InferenceStats, row_status: bytearray, latencies: Sequence[float], *,
+                 started: float) -> None:
+    """Count the rows' outcomes into ``stats``; every row must have one."""
+    stats.elapsed_s = time.perf_counter() - started
+    counts = [0] * len(RowStatus)
+    for status in row_status:
+        counts[status] += 1
+    if counts[RowStatus.PENDING]:
+        raise RuntimeError(
+            f"internal error: {counts[RowStatus.PENDING]} rows ended without an outcome; "
+            "nothing was written for them, a rerun will send them"
+        )
+    stats.cached = counts[RowStatus.CACHED]
+    stats.succeeded = counts[RowStatus.OK] + counts[RowStatus.CACHED]
+    stats.failed = counts[RowStatus.FAILED]
+    stats.deferred = counts[RowStatus.DEFERRED]
+    if latencies:
+        ordered = sorted(latencies)
+        stats.latency_p50_s = round(ordered[len(ordered) // 2], 4)
+        stats.latency_p95_s = round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))], 4)
+
+
+def estimate_cost(settings: InferenceSettings,
+                  tokens_by_model: dict[str, dict[str, int]]) -> float | None:
+    total = None
+    for model, tokens in tokens_by_model.items():
+        price = settings.price_for(model)
+        if price is None:
+            continue
+        total = (total or 0.0) + (tokens["prompt_tokens"] * price[0]
+                                  + tokens["completion_tokens"] * price[1]) / 1e6
+    return round(total, 6) if total is not None else None
