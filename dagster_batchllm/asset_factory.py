@@ -8,25 +8,20 @@ from typing import Any
 
 import dagster as dg
 
-from .checks import check_events, inference_check_results, inference_check_specs
-from .context import read_context
+from .checks import inference_check_specs
 from .core.batch_mode import check_mode
 from .core.call import InferenceCall
 from .core.errors import InferenceConfigError
 from .core.ledger import validate_identifier
-from .core.results import InferenceResult, InferenceStats
 from .metadata import (
     answer_figures,
     batch_figures,
     column_schema,
-    failed_rows_table,
-    row_figures,
     run_figures,
     summary_line,
     table_figures,
 )
-
-_POSITION = "__batchllm_position"
+from .partition_outputs import call_per_partition, partition_events
 
 
 def build_inference_asset(
@@ -166,15 +161,13 @@ def build_inference_asset(
         if missing:
             raise dg.Failure(f"{where}: key_columns {missing} are not in the input table "
                              f"(columns: {list(source_table.columns)}); nothing was sent.")
-        inferred: dict[str | None, tuple[Any, InferenceResult]] = {}
-        for key, frame in _split_by_partition(context, source_table, partition_column):
-            # Each call covers its whole partition, so records of requests this partition no
-            # longer asks for (its input changed) are retired and stop marking it for retry.
-            inferred[key] = (frame, llm.infer(frame, call, context=context, partition_key=key,
-                                              supersede_stale=key is not None,
-                                              collect_keys=True, mode=mode, wait=wait))
-        frames = [result.df for _, result in inferred.values()]
-        table = _concat_in_order(frames) if _POSITION in frames[0].columns else frames[0]
+        # Each call covers its whole partition, so records of requests this partition no
+        # longer asks for (its input changed) are retired and stop marking it for retry.
+        inferred, table = call_per_partition(
+            context, source_table, partition_column,
+            lambda frame, key: llm.infer(frame, call, context=context, partition_key=key,
+                                         supersede_stale=key is not None, collect_keys=True,
+                                         mode=mode, wait=wait))
         if schema_fields:
             table = _expand_fields(table, output_column, schema_fields)
         if transform is not None:
@@ -183,39 +176,21 @@ def build_inference_asset(
         schema = column_schema(table, *_column_docs(call, schema_fields, source_table.columns))
         settings = llm.client.settings
         price_for = settings.batch_price_for if mode == "batch_api" else settings.price_for
-        # Every partition of the run gets its own figures, also one without input rows.
-        keys = list(read_context(context).partition_keys) or [None]
-        metadata_by_key, checks = {}, []
-        for key in keys:
-            frame, result = inferred.get(key, (source_table.iloc[0:0], None))
-            stats = result.stats if result is not None else InferenceStats()
-            # What the answers the table holds cost: the run's own request keys, looked up.
-            answers = (llm.ledger.answer_tokens(result.request_keys)
-                       if result is not None else {})
-            rows_out = _rows_of(table, key, partition_column, single=len(keys) == 1)
-            failed = failed_rows_table(result, key_columns) if result is not None else None
-            metadata_by_key[key] = {
-                **row_figures(stats),
-                **({"batchllm/failed_rows": failed} if failed is not None else {}),
-                **run_figures(stats, price_for),
-                **batch_figures(stats),
-                **answer_figures(answers, price_for),
-                **table_figures(rows_out, preview_rows, schema=schema),
-            }
-            checks.append((key, inference_check_results(
-                asset_key, stats, input_rows=len(frame), output_rows=len(rows_out),
-                warn_failed_rate=warn_failed_rate, error_failed_rate=error_failed_rate,
-                failed_rows=failed)))
-            context.log.info(summary_line(
-                name, key, stats, answers, price_for,
-                models_named=_models_named(call, settings.model_when_unnamed)))
-        if len(keys) == 1:
-            yield dg.Output(table, metadata=metadata_by_key[keys[0]])
-        else:  # a range (a single-run backfill): each partition's materialization, its figures
-            for key, metadata in metadata_by_key.items():
-                context.add_asset_metadata(metadata, partition_key=key)
-            yield dg.Output(table)
-        yield from check_events(context, asset_key, checks)
+        answers_of = _answers_of(llm)
+
+        def figures(key, result, stats, rows_out):
+            return {**run_figures(stats, price_for), **batch_figures(stats),
+                    **answer_figures(answers_of(result), price_for),
+                    **table_figures(rows_out, preview_rows, schema=schema)}
+
+        def log_line(key, result, stats, rows_out):
+            return summary_line(name, key, stats, answers_of(result), price_for,
+                                models_named=_models_named(call, settings.model_when_unnamed))
+
+        yield from partition_events(
+            context, asset_key, table, inferred, source_table, partition_column=partition_column,
+            key_columns=key_columns, warn_failed_rate=warn_failed_rate,
+            error_failed_rate=error_failed_rate, figures=figures, log_line=log_line)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.BetaWarning)
@@ -281,36 +256,6 @@ def _asset_key(source: Any) -> dg.AssetKey:
     return dg.AssetKey.from_coercible(source)
 
 
-def _split_by_partition(context: dg.AssetExecutionContext, df: Any,
-                        partition_column: str | None) -> list[tuple[str | None, Any]]:
-    keys = list(read_context(context).partition_keys)
-    if not keys:
-        return [(None, df)]
-    if len(keys) == 1:
-        return [(keys[0], df)]
-    if partition_column is None or partition_column not in df.columns:
-        raise dg.Failure(
-            f"This run covers {len(keys)} partitions but the input has no partition column "
-            f"{partition_column!r}; set partition_column= on the asset."
-        )
-    labels = df[partition_column].astype(str)
-    unknown = sorted(set(labels) - set(keys))
-    if unknown:
-        raise dg.Failure(f"Input rows belong to partitions outside this run: {unknown[:5]}")
-    if df.empty:
-        return [(keys[0], df)]
-    positioned = df.assign(**{_POSITION: range(len(df))})
-    return [(key, positioned[labels.to_numpy() == key]) for key in keys
-            if (labels == key).any()]
-
-
-def _concat_in_order(frames: list[Any]) -> Any:
-    import pandas as pd
-
-    table = pd.concat(frames).sort_values(_POSITION, kind="stable")
-    return table.drop(columns=[_POSITION])
-
-
 def _schema_fields(response_format: Mapping[str, Any] | None) -> list[str]:
     if not response_format or response_format.get("type") != "json_schema":
         return []
@@ -328,18 +273,6 @@ def _expand_fields(df: Any, output_column: str, fields: list[str]) -> Any:
         out[column] = values.map(lambda v, f=field: v.get(f) if isinstance(v, dict) else None)
     out[output_column] = values.map(lambda v: json.dumps(v) if isinstance(v, dict) else v)
     return out
-
-
-def _rows_of(table: Any, key: str | None, partition_column: str | None, *, single: bool) -> Any:
-    """The output rows of one partition of the run."""
-    if single:
-        return table
-    if partition_column not in table.columns:
-        raise dg.Failure(
-            f"The transform dropped the partition column {partition_column!r}, so the rows of "
-            "each partition of this run cannot be told apart; keep it in the output."
-        )
-    return table[(table[partition_column].astype(str) == key).to_numpy()]
 
 
 def _models_named(call: InferenceCall, default_model: str | None) -> str:
@@ -407,3 +340,17 @@ def _describe(call: InferenceCall, schema_fields: Sequence[str] = ()) -> str:
     parts.append(f"Code version `{call.code_version}`: it changes with the prompt, model or "
                  "parameters, and every row's request key with it.")
     return "\n\n".join(parts)
+
+
+def _answers_of(llm: Any) -> Callable[[Any], dict[str, Any]]:
+    """What the answers a result's rows hold cost: its own request keys, looked up once."""
+    seen: dict[int, dict[str, Any]] = {}
+
+    def answers(result: Any) -> dict[str, Any]:
+        if result is None:
+            return {}
+        if id(result) not in seen:
+            seen[id(result)] = llm.ledger.answer_tokens(result.request_keys)
+        return seen[id(result)]
+
+    return answers

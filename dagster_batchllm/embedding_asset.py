@@ -13,30 +13,13 @@ from typing import Any
 import dagster as dg
 import numpy as np
 
-from .asset_factory import (
-    _POSITION,
-    _asset_attributes,
-    _asset_key,
-    _check_definition,
-    _concat_in_order,
-    _rows_of,
-    _split_by_partition,
-)
-from .checks import check_events, inference_check_results, inference_check_specs
-from .context import read_context
+from .asset_factory import _answers_of, _asset_attributes, _asset_key, _check_definition
+from .checks import inference_check_specs
 from .core.embed_call import EmbedCall
 from .core.errors import InferenceConfigError
 from .core.ledger import validate_identifier
-from .core.results import InferenceResult, InferenceStats
-from .metadata import (
-    answer_figures,
-    column_schema,
-    failed_rows_table,
-    row_figures,
-    run_figures,
-    summary_line,
-    table_figures,
-)
+from .metadata import answer_figures, column_schema, run_figures, summary_line, table_figures
+from .partition_outputs import call_per_partition, partition_events
 
 
 def build_embedding_asset(
@@ -121,48 +104,31 @@ def build_embedding_asset(
         if missing:
             raise dg.Failure(f"{where}: key_columns {missing} are not in the input table "
                              f"(columns: {list(source_table.columns)}); nothing was sent.")
-        embedded: dict[str | None, tuple[Any, InferenceResult]] = {}
-        for key, frame in _split_by_partition(context, source_table, partition_column):
-            embedded[key] = (frame, llm.embed(frame, call, context=context, partition_key=key,
-                                              supersede_stale=key is not None,
-                                              collect_keys=True))
-        frames = [result.df for _, result in embedded.values()]
-        table = _concat_in_order(frames) if _POSITION in frames[0].columns else frames[0]
+        embedded, table = call_per_partition(
+            context, source_table, partition_column,
+            lambda frame, key: llm.embed(frame, call, context=context, partition_key=key,
+                                         supersede_stale=key is not None, collect_keys=True))
         if transform is not None:
             table = transform(table)
         schema = column_schema(table, *_column_docs(call))
         settings = llm.client.settings
-        keys = list(read_context(context).partition_keys) or [None]
-        metadata_by_key, checks = {}, []
-        for key in keys:
-            frame, result = embedded.get(key, (source_table.iloc[0:0], None))
-            stats = result.stats if result is not None else InferenceStats()
-            answers = (llm.ledger.answer_tokens(result.request_keys)
-                       if result is not None else {})
-            rows_out = _rows_of(table, key, partition_column, single=len(keys) == 1)
-            failed = failed_rows_table(result, key_columns) if result is not None else None
-            metadata_by_key[key] = {
-                **row_figures(stats),
-                **({"batchllm/failed_rows": failed} if failed is not None else {}),
-                **run_figures(stats, settings.price_for),
-                **answer_figures(answers, settings.price_for),
-                **_dimensions(rows_out, call.output_column),
-                **table_figures(rows_out, preview_rows, schema=schema),
-            }
-            checks.append((key, inference_check_results(
-                asset_key, stats, input_rows=len(frame), output_rows=len(rows_out),
-                warn_failed_rate=warn_failed_rate, error_failed_rate=error_failed_rate,
-                failed_rows=failed)))
-            context.log.info(summary_line(
-                name, key, stats, answers, settings.price_for,
-                models_named=call.model or ", ".join(sorted(settings.embedding_models))))
-        if len(keys) == 1:
-            yield dg.Output(table, metadata=metadata_by_key[keys[0]])
-        else:
-            for key, metadata in metadata_by_key.items():
-                context.add_asset_metadata(metadata, partition_key=key)
-            yield dg.Output(table)
-        yield from check_events(context, asset_key, checks)
+        answers_of = _answers_of(llm)
+
+        def figures(key, result, stats, rows_out):
+            return {**run_figures(stats, settings.price_for),
+                    **answer_figures(answers_of(result), settings.price_for),
+                    **_dimensions(rows_out, call.output_column),
+                    **table_figures(rows_out, preview_rows, schema=schema)}
+
+        def log_line(key, result, stats, rows_out):
+            return summary_line(
+                name, key, stats, answers_of(result), settings.price_for,
+                models_named=call.model or ", ".join(sorted(settings.embedding_models)))
+
+        yield from partition_events(
+            context, asset_key, table, embedded, source_table, partition_column=partition_column,
+            key_columns=key_columns, warn_failed_rate=warn_failed_rate,
+            error_failed_rate=error_failed_rate, figures=figures, log_line=log_line)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.BetaWarning)

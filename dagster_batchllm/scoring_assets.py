@@ -22,15 +22,15 @@ from typing import Any
 
 import dagster as dg
 
-from .asset_factory import _POSITION, _asset_key, _concat_in_order, _rows_of, _split_by_partition
-from .checks import check_events, inference_check_results, inference_check_specs
-from .context import read_context
+from .asset_factory import _asset_key
+from .checks import inference_check_specs
 from .core.errors import InferenceConfigError
 from .core.ledger import validate_identifier
 from .core.mlflow_models import ResolvedModel, resolve_models
 from .core.predict import PredictCall
 from .core.settings import InferenceSettings, MlflowModelSpec
-from .metadata import column_schema, failed_rows_table, row_figures, table_figures
+from .metadata import column_schema, table_figures
+from .partition_outputs import call_per_partition, partition_events
 
 MODEL_URI = "batchllm/model_uri"
 REGISTRY_URI = "batchllm/registry_uri"
@@ -177,49 +177,37 @@ def build_scoring_asset(
         missing = [c for c in key_columns if c not in source_table.columns]
         if missing:
             raise dg.Failure(f"{where}: key_columns {missing} are not in the input table.")
-        scored = {}
-        for key, frame in _split_by_partition(context, source_table, partition_column):
-            scored[key] = (frame, llm.predict(frame, call, context=context, partition_key=key,
-                                              supersede_stale=key is not None))
-        frames = [result.df for _, result in scored.values()]
-        table = _concat_in_order(frames) if _POSITION in frames[0].columns else frames[0]
+        scored, table = call_per_partition(
+            context, source_table, partition_column,
+            lambda frame, key: llm.predict(frame, call, context=context, partition_key=key,
+                                           supersede_stale=key is not None))
         schema = column_schema(table, {
             output_column: "The model's prediction; null where the row failed.",
             call.error_column: "Why the row has no prediction, as '<error_type>: <reason>'."})
-        keys = list(read_context(context).partition_keys) or [None]
-        metadata_by_key, checks = {}, []
-        for key in keys:
-            frame, result = scored.get(key, (source_table.iloc[0:0], None))
-            rows_out = _rows_of(table, key, partition_column, single=len(keys) == 1)
-            metadata: dict[str, Any] = {**table_figures(rows_out, preview_rows, schema=schema)}
+
+        def figures(key, result, stats, rows_out):
+            out: dict[str, Any] = {**table_figures(rows_out, preview_rows, schema=schema)}
             if result is not None:
-                stats = result.stats
-                metadata.update(row_figures(stats))
-                failed = failed_rows_table(result, key_columns)
-                if failed is not None:
-                    metadata["batchllm/failed_rows"] = failed
-                metadata.update({
+                out.update({
                     "batchllm/run/requests": stats.requests,
                     "batchllm/run/rows_per_s": round(stats.rows_per_s, 2),
                     "batchllm/run/elapsed_s": round(stats.elapsed_s, 3),
                     "batchllm/models": dg.MetadataValue.json(result.models),
                 })
                 if model is not None:
-                    metadata.update(_model_metadata(result.models.get(model, {}), model))
-                checks.append((key, inference_check_results(
-                    asset_key, stats, input_rows=len(frame), output_rows=len(rows_out),
-                    warn_failed_rate=warn_failed_rate, error_failed_rate=error_failed_rate,
-                    failed_rows=failed)))
-                context.log.info(f"batchllm: {name} {key or ''}: {stats.summary()}; models "
-                                 f"{json.dumps(result.models)}")
-            metadata_by_key[key] = metadata
-        if len(keys) == 1:
-            yield dg.Output(table, metadata=metadata_by_key[keys[0]])
-        else:
-            for key, metadata in metadata_by_key.items():
-                context.add_asset_metadata(metadata, partition_key=key)
-            yield dg.Output(table)
-        yield from check_events(context, asset_key, checks)
+                    out.update(_model_metadata(result.models.get(model, {}), model))
+            return out
+
+        def log_line(key, result, stats, rows_out):
+            if result is None:
+                return None
+            return (f"batchllm: {name} {key or ''}: {stats.summary()}; models "
+                    f"{json.dumps(result.models)}")
+
+        yield from partition_events(
+            context, asset_key, table, scored, source_table, partition_column=partition_column,
+            key_columns=key_columns, warn_failed_rate=warn_failed_rate,
+            error_failed_rate=error_failed_rate, figures=figures, log_line=log_line)
 
     return _scoring_asset
 
