@@ -24,7 +24,7 @@ from .errors import InferenceConfigError, RowError
 from .ledger import Ledger
 from .pool import EndpointPool
 from .prompts import iter_row_requests, row_tuples
-from .results import InferenceEstimate, InferenceResult, row_outcome_columns
+from .results import InferenceEstimate, InferenceResult
 from .run_figures import estimate_cost
 from .settings import InferenceSettings
 
@@ -145,15 +145,9 @@ class InferenceClient:
         if supersede_stale and call.partition_key:
             await asyncio.to_thread(self.ledger.mark_superseded, call.partition_key, run.keys,
                                     call.scope)
-        out = df.copy(deep=False)
-        out[call.output_column] = pd.Series(run.outputs, index=df.index, dtype=object)
-        out[call.error_column] = pd.Series(run.errors, index=df.index, dtype=object)
         (logger or self.log).info(f"batchllm: {stats.summary()}")
-        error_types, statuses = row_outcome_columns(run.error_types, run.row_status, df.index)
-        return InferenceResult(df=out, stats=stats, output_column=call.output_column,
-                               error_column=call.error_column, error_types=error_types,
-                               statuses=statuses,
-                               request_keys=frozenset(run.keys) if run.keys is not None else None)
+        return InferenceResult.of_run(df, run, output_column=call.output_column,
+                                      error_column=call.error_column)
 
     def estimate(self, df: Any, call: InferenceCall | EmbedCall | None = None, /,
                  task: str = "chat", **call_fields: Any) -> InferenceEstimate:

@@ -15,7 +15,7 @@ from .embeddings import EmbedTask
 from .engine import InferenceRun
 from .errors import InferenceConfigError, RowError
 from .prompts import row_tuples
-from .results import InferenceEstimate, InferenceResult, row_outcome_columns
+from .results import InferenceEstimate, InferenceResult
 from .run_figures import estimate_cost
 
 if TYPE_CHECKING:
@@ -41,7 +41,6 @@ async def embed_frame(client: InferenceClient, df: Any, call: EmbedCall | None, 
                       **fields: Any) -> InferenceResult:
     """One float32 vector per row of ``df`` in ``call.output_column`` (None where the row
     failed, with its reason in the error column)."""
-    import pandas as pd
 
     call = bind_embed_call(client, df, call, fields)
     for name in (call.output_column, call.error_column):
@@ -68,15 +67,9 @@ async def embed_frame(client: InferenceClient, df: Any, call: EmbedCall | None, 
     if supersede_stale and call.partition_key:
         await asyncio.to_thread(client.ledger.mark_superseded, call.partition_key, run.keys,
                                 call.scope)
-    out = df.copy(deep=False)
-    out[call.output_column] = pd.Series(run.outputs, index=df.index, dtype=object)
-    out[call.error_column] = pd.Series(run.errors, index=df.index, dtype=object)
     log.info(f"batchllm: embeddings of '{call.model}': {stats.summary()}")
-    error_types, statuses = row_outcome_columns(run.error_types, run.row_status, df.index)
-    return InferenceResult(df=out, stats=stats, output_column=call.output_column,
-                           error_column=call.error_column, error_types=error_types,
-                           statuses=statuses,
-                           request_keys=frozenset(run.keys) if run.keys is not None else None)
+    return InferenceResult.of_run(df, run, output_column=call.output_column,
+                                  error_column=call.error_column)
 
 
 def estimate_embeddings(client: InferenceClient, df: Any, call: EmbedCall | None,

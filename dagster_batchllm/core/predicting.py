@@ -16,7 +16,6 @@ from .errors import InferenceConfigError
 from .mlflow_models import IN_PROCESS, ResolvedModel, input_problem, load_model, resolve_models
 from .mlflow_models import short_error as _short
 from .predict import PredictCall, PredictionResult, PredictTask
-from .results import row_outcome_columns
 from .scoring import InProcessScoring
 
 _CALL_FIELDS = {"input_columns", "model", "model_column", "output_column", "error_column",
@@ -99,13 +98,7 @@ async def apredict(client: Any, df: Any, call: PredictCall, *, run_id: str | Non
     if supersede_stale and call.partition_key:
         await asyncio.to_thread(client.ledger.mark_superseded, call.partition_key, run.keys,
                                 call.scope)
-    out = df.copy(deep=False)
-    out[call.output_column] = pd.Series(run.outputs, index=df.index, dtype=object)
-    out[call.error_column] = pd.Series(run.errors, index=df.index, dtype=object)
     log.info(f"batchllm: predict: {stats.summary()}")
-    error_types, statuses = row_outcome_columns(run.error_types, run.row_status, df.index)
-    return PredictionResult(
-        df=out, stats=stats, output_column=call.output_column, error_column=call.error_column,
-        error_types=error_types, statuses=statuses,
-        request_keys=frozenset(run.keys) if run.keys is not None else None,
+    return PredictionResult.of_run(
+        df, run, output_column=call.output_column, error_column=call.error_column,
         models={name: m.describe() for name, m in models.items()})

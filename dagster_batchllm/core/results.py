@@ -93,6 +93,21 @@ class InferenceResult:
     # (``collect_keys=True``, or ``supersede_stale``); None otherwise (they cost memory per row).
     request_keys: frozenset[str] | None = None
 
+    @classmethod
+    def of_run(cls, df: Any, run: Any, *, output_column: str, error_column: str,
+               **fields: Any) -> Any:
+        """The result of an engine run over ``df`` (its outputs, errors and outcomes per row,
+        in input order); ``fields``: what a subclass adds."""
+        import pandas as pd
+
+        out = df.copy(deep=False)
+        out[output_column] = pd.Series(run.outputs, index=df.index, dtype=object)
+        out[error_column] = pd.Series(run.errors, index=df.index, dtype=object)
+        error_types, statuses = row_outcome_columns(run.error_types, run.row_status, df.index)
+        return cls(df=out, stats=run.stats, output_column=output_column,
+                   error_column=error_column, error_types=error_types, statuses=statuses,
+                   request_keys=frozenset(run.keys) if run.keys is not None else None, **fields)
+
     @property
     def failed_rows(self):
         """Rows with an error: failed or deferred (see ``statuses`` to tell them apart)."""
