@@ -114,7 +114,7 @@ def fold_abandoned(directory: Path | None, ledger: Ledger, log: Any) -> int:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:  # its run is alive
                 continue
-            records = _read_records(path)
+            records = read_records(path)
             for start in range(0, len(records), _FOLD_BATCH):
                 ledger.upsert(records[start:start + _FOLD_BATCH])
             path.unlink()
@@ -130,7 +130,9 @@ def fold_abandoned(directory: Path | None, ledger: Ledger, log: Any) -> int:
     return folded
 
 
-def _read_records(path: Path) -> list[dict[str, Any]]:
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """A journal's records as dicts: object lines, and array lines that take the field names
+    of the object line before them; a last line cut off by a kill is not a record."""
     records = []
     fields: list[str] = []
     with path.open("rb") as lines:

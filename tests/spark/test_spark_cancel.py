@@ -12,7 +12,6 @@ pays again only for the requests that were in flight at the kill.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
@@ -20,6 +19,7 @@ import pandas as pd
 import pytest
 import sqlalchemy as sa
 
+from dagster_batchllm.core.journal import read_records
 from dagster_batchllm.core.settings import EndpointSpec
 from dagster_batchllm.spark import ai_query_col, register_ai_functions
 from dagster_batchllm.testing import SimulatedEndpoint
@@ -42,8 +42,8 @@ def _answered_in_ledger(ledger_path) -> set[str]:
 
 def _answered_in_journals(ledger_path) -> set[str]:
     journal_dir = ledger_path.parent / f".{ledger_path.name}.journal"
-    return {json.loads(line)["request_key"] for path in journal_dir.glob("*.jsonl")
-            for line in path.read_bytes().splitlines()}
+    return {record["request_key"] for path in journal_dir.glob("*.jsonl")
+            for record in read_records(path)}
 
 
 def _wait_until_quiet(sim, quiet_s: float = 1.5, limit_s: float = 30.0) -> dict:
