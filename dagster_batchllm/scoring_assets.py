@@ -17,6 +17,7 @@
 
 import hashlib
 import json
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -58,12 +59,6 @@ def build_model_version_asset(*, name: str, model_uri: str, registry_uri: str | 
     the version ``model_uri`` (``models:/risk@champion``) resolves to when observed."""
     validate_identifier(name, "name")
 
-    @dg.observable_source_asset(
-        name=name, group_name=group_name,
-        description=description or f"The MLflow model `{model_uri}`: its data version is the "
-        "registry version it resolves to, so a moved alias marks what scores with it stale.",
-        metadata={MODEL_URI: model_uri, **({REGISTRY_URI: registry_uri} if registry_uri else {})},
-    )
     def _model_version(context) -> dg.ObserveResult:
         model = resolve_registered(model_uri, registry_uri)
         if model.error:
@@ -72,7 +67,15 @@ def build_model_version_asset(*, name: str, model_uri: str, registry_uri: str | 
         return dg.ObserveResult(data_version=dg.DataVersion(_data_version(model)),
                                 metadata=model_version_metadata(model))
 
-    return _model_version
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.BetaWarning)  # observable_source_asset is "beta"
+        return dg.observable_source_asset(
+            name=name, group_name=group_name,
+            description=description or f"The MLflow model `{model_uri}`: its data version is the "
+            "registry version it resolves to, so a moved alias marks what scores with it stale.",
+            metadata={MODEL_URI: model_uri,
+                      **({REGISTRY_URI: registry_uri} if registry_uri else {})},
+        )(_model_version)
 
 
 def _watched(model_asset: dg.SourceAsset) -> tuple[str, str | None]:
@@ -152,24 +155,6 @@ def build_scoring_asset(
         backfill_policy = (dg.BackfillPolicy.single_run() if partition_column
                            else dg.BackfillPolicy.multi_run(1))
 
-    @dg.asset(
-        name=name,
-        ins={"source_table": dg.AssetIn(key=_asset_key(source))},
-        deps=[*([model_asset.key] if model_asset is not None else []),
-              *(_asset_key(d) for d in deps or [])] or None,
-        partitions_def=partitions_def,
-        backfill_policy=backfill_policy,
-        check_specs=inference_check_specs(asset_key, partitions_def),
-        required_resource_keys={resource_key},
-        group_name=group_name,
-        kinds={"mlflow", "pandas"},
-        code_version=code_version,
-        description=description or (
-            f"Scores with {who}: features {', '.join(f'`{c}`' for c in call.input_columns)}; "
-            f"predictions in `{output_column}`, failed rows' reasons in `{call.error_column}`. "
-            f"Code version `{code_version}` covers the model version."),
-        metadata={"batchllm/output_column": output_column},
-    )
     def _scoring_asset(context: dg.AssetExecutionContext, source_table):
         llm = getattr(context.resources, resource_key)
         if prepare is not None:
@@ -209,7 +194,27 @@ def build_scoring_asset(
             key_columns=key_columns, warn_failed_rate=warn_failed_rate,
             error_failed_rate=error_failed_rate, figures=figures, log_line=log_line)
 
-    return _scoring_asset
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.BetaWarning)  # backfill_policy is "beta"
+        return dg.asset(
+            name=name,
+            ins={"source_table": dg.AssetIn(key=_asset_key(source))},
+            deps=[*([model_asset.key] if model_asset is not None else []),
+                  *(_asset_key(d) for d in deps or [])] or None,
+            partitions_def=partitions_def,
+            backfill_policy=backfill_policy,
+            check_specs=inference_check_specs(asset_key, partitions_def),
+            required_resource_keys={resource_key},
+            group_name=group_name,
+            kinds={"mlflow", "pandas"},
+            code_version=code_version,
+            description=description or (
+                f"Scores with {who}: features "
+                f"{', '.join(f'`{c}`' for c in call.input_columns)}; predictions in "
+                f"`{output_column}`, failed rows' reasons in `{call.error_column}`. "
+                f"Code version `{code_version}` covers the model version."),
+            metadata={"batchllm/output_column": output_column},
+        )(_scoring_asset)
 
 
 def _version_at_load(model_uri: str, registry_uri: str | None) -> ResolvedModel | None:
