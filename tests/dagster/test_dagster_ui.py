@@ -10,13 +10,7 @@ editing the prompt marks the summaries and what they feed unsynced.
 
 from __future__ import annotations
 
-import http.client
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -26,9 +20,9 @@ import pytest
 import sqlalchemy as sa
 
 from dagster_batchllm import Ledger
+from tests import dagster_dev
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 LOCATION = "batchllm_ui_test"
 DAYS = ["2026-11-02", "2026-11-03", "2026-11-04"]  # 3, 0 and 3 blank transcripts
 SINGLE_DAY = "2026-11-05"
@@ -61,71 +55,15 @@ LOCATION_CODE = textwrap.dedent('''
 ''')
 
 
-class DagsterDev:
-    """A ``dagster dev`` process and a GraphQL client for it."""
+class DagsterDev(dagster_dev.DagsterDev):
+    """``dagster dev`` over the location above, with the warehouse and ledger in ``root``."""
 
     def __init__(self, root: Path):
-        self.root = root
-        self.port = _free_port()
-        self.log = root / "dagster_dev.log"
-        home = root / "home"
-        home.mkdir()
-        # Runs start at once (no queue to wait on); the daemon still runs the backfills.
-        (home / "dagster.yaml").write_text(
-            "run_coordinator:\n  module: dagster._core.run_coordinator\n"
-            "  class: DefaultRunCoordinator\ntelemetry:\n  enabled: false\n")
         (root / "prompt.txt").write_text("Summarize this call transcript: {transcript_text}")
-        (root / "location.py").write_text(LOCATION_CODE.format(repo=str(REPO_ROOT)))
-        (root / "workspace.yaml").write_text(
-            f"load_from:\n  - python_file:\n      relative_path: location.py\n"
-            f"      working_directory: {root}\n      location_name: {LOCATION}\n")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHLLM_")}
-        env.update(DAGSTER_HOME=str(home),
-                   BATCHLLM_WAREHOUSE_URL=f"sqlite:///{root / 'warehouse.db'}",
-                   BATCHLLM_STORE_URL=f"sqlite:///{root / 'ledger.db'}")
-        self._sink = self.log.open("wb")
-        self.process = subprocess.Popen(
-            [str(BIN / "dagster"), "dev", "-w", str(root / "workspace.yaml"), "-h", "127.0.0.1",
-             "-p", str(self.port)],
-            cwd=root, env=env, stdout=self._sink, stderr=subprocess.STDOUT,
-            start_new_session=True,  # its webserver, daemon and code server stop with it
-        )
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-    def wait_until_loaded(self, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            assert self.process.poll() is None, self.tail()
-            try:
-                data = self.query("{ workspaceOrError { ... on Workspace { locationEntries { "
-                                  "name loadStatus locationOrLoadError { __typename } } } } }")
-                [entry] = data["workspaceOrError"]["locationEntries"]
-                if entry["loadStatus"] == "LOADED":
-                    assert entry["locationOrLoadError"]["__typename"] == "RepositoryLocation", (
-                        self.tail())
-                    return
-            except OSError:
-                pass  # not listening yet
-            assert time.monotonic() < deadline, self.tail()
-            time.sleep(0.5)
-
-    def query(self, query: str, variables: dict | None = None) -> dict:
-        # http.client rather than urllib: urllib would send 127.0.0.1 through an HTTP(S)_PROXY.
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            conn.request("POST", "/graphql",
-                         body=json.dumps({"query": query, "variables": variables or {}}),
-                         headers={"Content-Type": "application/json"})
-            response = conn.getresponse()
-            body = response.read()
-        finally:
-            conn.close()
-        assert response.status == 200, body[:500]
-        payload = json.loads(body)
-        assert "errors" not in payload, payload["errors"]
-        return payload["data"]
+        super().__init__(root, location_name=LOCATION,
+                         location_code=LOCATION_CODE.format(repo=str(REPO_ROOT)),
+                         env={"BATCHLLM_WAREHOUSE_URL": f"sqlite:///{root / 'warehouse.db'}",
+                              "BATCHLLM_STORE_URL": f"sqlite:///{root / 'ledger.db'}"})
 
     def runs(self, tag_key: str, tag_value: str) -> list[dict]:
         data = self.query("""query($key: String!, $value: String!) {
@@ -142,22 +80,6 @@ class DagsterDev:
                 return runs
             assert time.monotonic() < deadline, f"runs {runs} did not finish\n{self.tail()}"
             time.sleep(1)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self._sink.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _asset_keys(*names: str) -> list[dict]:

@@ -5,13 +5,6 @@ what was in flight. Requests and duplicates are counted at the simulated server.
 
 from __future__ import annotations
 
-import http.client
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -20,8 +13,8 @@ import pytest
 
 from dagster_batchllm import Ledger
 from dagster_batchllm.testing import SimulatedEndpoint, wait_until
+from tests import dagster_dev
 
-BIN = Path(sys.executable).parent
 LOCATION = "batchllm_terminate_test"
 ROWS = 120
 CONCURRENCY = 4
@@ -53,62 +46,14 @@ LOCATION_CODE = textwrap.dedent('''
 ''')
 
 
-class DagsterDev:
-    """``dagster dev`` on 127.0.0.1 over the location above, and its GraphQL API."""
+class DagsterDev(dagster_dev.DagsterDev):
+    """``dagster dev`` over the location above, its ledger in ``root``."""
 
     def __init__(self, root: Path, sim_url: str):
-        self.port = _free_port()
-        self.log = root / "dagster_dev.log"
-        home = root / "home"
-        home.mkdir()
-        (home / "dagster.yaml").write_text(  # runs start at once, no queue
-            "run_coordinator:\n  module: dagster._core.run_coordinator\n"
-            "  class: DefaultRunCoordinator\ntelemetry:\n  enabled: false\n")
-        (root / "location.py").write_text(LOCATION_CODE.format(rows=ROWS,
-                                                               concurrency=CONCURRENCY))
-        (root / "workspace.yaml").write_text(
-            f"load_from:\n  - python_file:\n      relative_path: location.py\n"
-            f"      working_directory: {root}\n      location_name: {LOCATION}\n")
         self.ledger_url = f"sqlite:///{root / 'ledger.db'}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHLLM_")}
-        env.update(DAGSTER_HOME=str(home), SIM_URL=sim_url, LEDGER_URL=self.ledger_url)
-        self._sink = self.log.open("wb")
-        self.process = subprocess.Popen(
-            [str(BIN / "dagster"), "dev", "-w", str(root / "workspace.yaml"), "-h", "127.0.0.1",
-             "-p", str(self.port)],
-            cwd=root, env=env, stdout=self._sink, stderr=subprocess.STDOUT,
-            start_new_session=True)  # its webserver, daemon and code server stop with it
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-    def query(self, query: str, variables: dict | None = None) -> dict:
-        # http.client rather than urllib: urllib would send 127.0.0.1 through an HTTP(S)_PROXY.
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            conn.request("POST", "/graphql",
-                         body=json.dumps({"query": query, "variables": variables or {}}),
-                         headers={"Content-Type": "application/json"})
-            response = conn.getresponse()
-            body = response.read()
-        finally:
-            conn.close()
-        assert response.status == 200, body[:500]
-        payload = json.loads(body)
-        assert "errors" not in payload, payload["errors"]
-        return payload["data"]
-
-    def wait_until_loaded(self, timeout_s: float = 150) -> None:
-        def loaded() -> bool:
-            assert self.process.poll() is None, self.tail()
-            try:
-                data = self.query("{ workspaceOrError { ... on Workspace { locationEntries { "
-                                  "loadStatus locationOrLoadError { __typename } } } } }")
-            except OSError:
-                return False  # not listening yet
-            [entry] = data["workspaceOrError"]["locationEntries"]
-            return entry["loadStatus"] == "LOADED"
-        wait_until(loaded, timeout_s, f"the location to load\n{self.tail()}")
+        super().__init__(root, location_name=LOCATION,
+                         location_code=LOCATION_CODE.format(rows=ROWS, concurrency=CONCURRENCY),
+                         env={"SIM_URL": sim_url, "LEDGER_URL": self.ledger_url})
 
     def launch(self) -> str:
         launched = self.query("""mutation($params: ExecutionParams!) {
@@ -140,22 +85,6 @@ class DagsterDev:
         wait_until(lambda: self.status(run_id) in statuses, timeout_s,
                    f"run {run_id} to reach {statuses}\n{self.tail()}")
         return self.status(run_id)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self._sink.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_terminate_run_through_dagster_dev_cancels_within_10_s_and_loses_no_answer(tmp_path):
