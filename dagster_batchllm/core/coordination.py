@@ -41,6 +41,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from .ledger import KeyList
+
 _HOST = socket.gethostname()[:32]
 _BATCH = 500
 
@@ -121,6 +123,7 @@ class RunCoordinator:
         # endpoint -> requests this run may have in flight (set by each heartbeat)
         self.capacities: dict[str, int] = {}
         self.claims = _claims_table(ledger_table)
+        self._claims_sql = engine.dialect.identifier_preparer.format_table(self.claims)
         self._sqlite_claim_sql: str | None = None  # compiled on the first claim
         # host:pid:pool:random, so that a run on the same host can tell this process is gone.
         self.group = f"{_HOST}:{os.getpid()}:{group or uuid.uuid4().hex[:8]}"
@@ -241,14 +244,13 @@ class RunCoordinator:
         keys = list(keys)
         others: set[str] = set()
         now = time.time()
+        key_list = KeyList.of(backend)
         with self.engine.begin() as conn:
             live: set[str] | None = None  # read only when another run holds one of the keys
             for start in range(0, len(keys), _BATCH):
                 batch = keys[start:start + _BATCH]
                 self._insert_claims(conn, backend, batch, now)
-                held = conn.execute(
-                    sa.select(c.c.request_key, c.c.holder_id).where(
-                        c.c.request_key.in_(batch), c.c.holder_id != self.holder_id)).all()
+                held = self._held_by_others(conn, key_list, batch)
                 if not held:
                     continue
                 if live is None:
@@ -260,6 +262,17 @@ class RunCoordinator:
                                                   c.c.holder_id.not_in(live)))
                     self._insert_claims(conn, backend, gone, now)
         return others
+
+    def _held_by_others(self, conn: sa.Connection, key_list: KeyList | None,
+                        keys: list[str]) -> list[tuple[str, str]]:
+        if key_list is None:
+            c = self.claims
+            return conn.execute(sa.select(c.c.request_key, c.c.holder_id).where(
+                c.c.request_key.in_(keys), c.c.holder_id != self.holder_id)).all()
+        return conn.exec_driver_sql(
+            f"SELECT request_key, holder_id FROM {self._claims_sql} WHERE request_key "
+            f"{key_list.keys_in} AND holder_id <> {key_list.placeholder}",
+            (key_list.encode(keys), self.holder_id)).all()
 
     def _insert_claims(self, conn: sa.Connection, backend: str, keys: list[str],
                        now: float) -> None:
@@ -279,11 +292,23 @@ class RunCoordinator:
                 index_elements=[c.c.request_key]),
             [{"request_key": k, "holder_id": self.holder_id, "claimed_at": now} for k in keys])
 
-    def release(self, keys: Iterable[str]) -> None:
-        """End this run's claims on requests whose outcome is now in the ledger."""
+    def release(self, keys: Iterable[str], conn: sa.Connection | None = None) -> None:
+        """End this run's claims on requests whose outcome is now in the ledger; in ``conn``'s
+        transaction when given (the one that wrote the outcomes: both or neither)."""
+        if conn is None:
+            with self.engine.begin() as own:
+                self.release(keys, own)
+            return
         keys = list(keys)
-        c = self.claims
-        with self.engine.begin() as conn:
+        key_list = KeyList.of(self.engine.dialect.name)
+        if key_list is None:
+            c = self.claims
             for start in range(0, len(keys), _BATCH):
                 conn.execute(c.delete().where(c.c.request_key.in_(keys[start:start + _BATCH]),
                                               c.c.holder_id == self.holder_id))
+            return
+        for batch in key_list.batches(keys):
+            conn.exec_driver_sql(
+                f"DELETE FROM {self._claims_sql} WHERE request_key {key_list.keys_in} "
+                f"AND holder_id = {key_list.placeholder}",
+                (key_list.encode(batch), self.holder_id))

@@ -141,6 +141,8 @@ class InferenceRun:
             coordination = self._coordination = await RunCoordination.join(
                 self.settings, self.ledger, self.pool, log=self.log,
                 description=f"run {self.run_id or '-'} partition {self.partition_key or '-'}")
+            if coordination is not None:  # claims end in the write of their answers
+                self._writer.in_write = coordination.release_in
         except BaseException:
             if journal is not None:
                 journal.close(remove=True)  # nothing was sent
@@ -443,9 +445,7 @@ class InferenceRun:
 
     # -- ledger writes -----------------------------------------------------------------------
     def _written_to_ledger(self, keys: list[str]) -> None:
-        """Runs on the writer's thread after each write."""
-        if self._coordination is not None:  # outcomes written: other runs may use them now
-            self._coordination.release(keys)
+        """Runs on the writer's thread after each write (which ended their claims)."""
         for key in keys:
             self._inflight.pop(key, None)
 

@@ -13,13 +13,14 @@ one file; PostgreSQL gets native upserts.
 from __future__ import annotations
 
 import importlib.util
+import json
 import operator
 import random
 import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -33,7 +34,10 @@ OK, FAILED, DEFERRED, SUPERSEDED = "ok", "failed", "deferred", "superseded"
 STATUSES = (OK, FAILED, DEFERRED, SUPERSEDED)
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-_LOOKUP_BATCH = 500
+_LOOKUP_BATCH = 500  # keys per statement where each key is a bind parameter
+_KEYS_PER_STATEMENT = 4096  # where the keys go as one parameter (SQLite JSON, PG array)
+_LOOKUP_COLUMNS = ("request_key", "scope", "partition_key", "response", "prompt_tokens",
+                   "completion_tokens")
 # Names derived from the ledger table's ("ix_<table>_status_partition", "<table>_claims") must
 # fit PostgreSQL's 63-character identifiers too.
 _MAX_LEDGER_TABLE = 63 - len("ix__status_partition")
@@ -177,9 +181,49 @@ def _ledger_table(name: str) -> sa.Table:
         sa.Column("run_id", sa.String(64)),
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("updated_at", sa.Float, nullable=False),
+        # No index on (request_key, status): the primary key starts with request_key, which
+        # is what lookups need (see Ledger._ok_rows); a second random-key index cost about a
+        # third of every insert. Ledgers made before keep theirs, unused.
         sa.Index(f"ix_{table}_status_partition", "status", "scope", "partition_key"),
-        sa.Index(f"ix_{table}_key_status", "request_key", "status"),
     )
+
+
+def _sqlite_has_json() -> bool:
+    """Whether this SQLite has the JSON functions (built in since 3.38; most builds before)."""
+    try:
+        sqlite3.connect(":memory:").execute("SELECT value FROM json_each('[1]')").close()
+    except sqlite3.OperationalError:
+        return False
+    return True
+
+
+_SQLITE_JSON = _sqlite_has_json()
+
+
+class KeyList:
+    """SQL that takes a list of request keys as ONE parameter: a JSON array read by
+    ``json_each`` on SQLite, an array on PostgreSQL. So thousands of keys make one short
+    statement with nothing per key to bind or compile (SQLAlchemy's ``in_`` renders a bind
+    parameter per key at each execution, which cost more than the database's own work).
+    ``KeyList.of(dialect)`` is None on other databases: use ``in_`` there."""
+
+    def __init__(self, placeholder: str, keys_in: str, encode: Any):
+        self.placeholder = placeholder  # the driver's mark for any other parameter
+        self.keys_in = keys_in  # "IN <the keys>", after a column
+        self.encode = encode  # the keys -> the parameter's value
+
+    @staticmethod
+    def of(dialect_name: str) -> KeyList | None:
+        if dialect_name == "sqlite" and _SQLITE_JSON:
+            return KeyList("?", "IN (SELECT value FROM json_each(?))", json.dumps)
+        if dialect_name == "postgresql":
+            return KeyList("%s", "= ANY(%s)", list)
+        return None
+
+    @staticmethod
+    def batches(keys: Sequence[str]) -> Iterable[Sequence[str]]:
+        for start in range(0, len(keys), _KEYS_PER_STATEMENT):
+            yield keys[start:start + _KEYS_PER_STATEMENT]
 
 
 class Ledger:
@@ -221,22 +265,41 @@ class Ledger:
 
         Any ``ok`` record answers; the record of this scope and partition is preferred.
         """
-        t = self.table
         found: dict[str, dict[str, Any]] = {}
-        keys = list(keys)
         with self.engine.connect() as conn:
-            for start in range(0, len(keys), _LOOKUP_BATCH):
-                batch = keys[start:start + _LOOKUP_BATCH]
-                rows = conn.execute(
-                    sa.select(t.c.request_key, t.c.scope, t.c.partition_key, t.c.response,
-                              t.c.prompt_tokens, t.c.completion_tokens)
-                    .where(t.c.request_key.in_(batch), t.c.status == OK)
-                ).all()
-                for row in rows:
-                    own = row.partition_key == partition_key and row.scope == scope
-                    if row.request_key not in found or own:
-                        found[row.request_key] = row._asdict()
+            for row in self._ok_rows(conn, _LOOKUP_COLUMNS, list(keys)):
+                key = row[0]
+                if key not in found or (row[2] == partition_key and row[1] == scope):
+                    found[key] = dict(zip(_LOOKUP_COLUMNS, row, strict=True))
         return found
+
+    def _ok_rows(self, conn: sa.Connection, columns: Sequence[str], keys: list[str],
+                 group_by: str = "") -> list[tuple]:
+        """``SELECT <columns> ... WHERE request_key IN <keys> AND status = 'ok'``.
+
+        On SQLite and PostgreSQL the keys go as ONE parameter (a JSON array read by
+        ``json_each``; an array; see `KeyList`)."""
+        table = self.engine.dialect.identifier_preparer.format_table(self.table)
+        rows: list[tuple] = []
+        key_list = KeyList.of(self.engine.dialect.name)
+        if key_list is not None:
+            # SQLite: the + keeps the planner off the status index (a scan of every ok record)
+            # and on the primary key, which starts with request_key.
+            status = "+status" if self.engine.dialect.name == "sqlite" else "status"
+            sql = (f"SELECT {', '.join(columns)} FROM {table} WHERE request_key "
+                   f"{key_list.keys_in} AND {status} = '{OK}'{group_by}")
+            for batch in key_list.batches(keys):
+                rows += conn.exec_driver_sql(sql, (key_list.encode(batch),)).all()
+        else:
+            t = self.table
+            query = sa.select(*(sa.literal_column(c) for c in columns)).select_from(t)
+            if group_by:
+                query = query.group_by(t.c.request_key, t.c.model)
+            for start in range(0, len(keys), _LOOKUP_BATCH):
+                rows += conn.execute(query.where(
+                    t.c.request_key.in_(keys[start:start + _LOOKUP_BATCH]),
+                    t.c.status == OK)).all()
+        return rows
 
     def status_counts(self, partition_key: str | None = None,
                       scope: str | None = None) -> dict[str, int]:
@@ -288,24 +351,18 @@ class Ledger:
         so the figures stay the same however often the answers are served again. Keys without
         an ``ok`` record are left out.
         """
-        t = self.table
         totals: dict[str, dict[str, int]] = {}
         keys = list(dict.fromkeys(keys))
         with self.engine.connect() as conn:
-            for start in range(0, len(keys), _LOOKUP_BATCH):
-                rows = conn.execute(
-                    sa.select(t.c.model, sa.func.max(t.c.prompt_tokens),
-                              sa.func.max(t.c.completion_tokens))
-                    .where(t.c.request_key.in_(keys[start:start + _LOOKUP_BATCH]),
-                           t.c.status == OK)
-                    .group_by(t.c.request_key, t.c.model)
-                ).all()
-                for model, prompt_tokens, completion_tokens in rows:
-                    model_totals = totals.setdefault(
-                        model, {"answers": 0, "prompt_tokens": 0, "completion_tokens": 0})
-                    model_totals["answers"] += 1
-                    model_totals["prompt_tokens"] += int(prompt_tokens or 0)
-                    model_totals["completion_tokens"] += int(completion_tokens or 0)
+            rows = self._ok_rows(
+                conn, ("model", "MAX(prompt_tokens)", "MAX(completion_tokens)"), keys,
+                group_by=" GROUP BY request_key, model")
+        for model, prompt_tokens, completion_tokens in rows:
+            model_totals = totals.setdefault(
+                model, {"answers": 0, "prompt_tokens": 0, "completion_tokens": 0})
+            model_totals["answers"] += 1
+            model_totals["prompt_tokens"] += int(prompt_tokens or 0)
+            model_totals["completion_tokens"] += int(completion_tokens or 0)
         return totals
 
     def records(self, partition_key: str | None = None, scope: str | None = None):
@@ -322,8 +379,10 @@ class Ledger:
                                 columns=[c.name for c in self.table.columns])
 
     # -- writing ---------------------------------------------------------------------------
-    def upsert(self, records: Sequence[dict[str, Any]]) -> None:
-        """Insert or update records; an ``ok`` record is never overwritten by a worse status."""
+    def upsert(self, records: Sequence[dict[str, Any]],
+               also: Callable[[sa.Connection], None] | None = None) -> None:
+        """Insert or update records; an ``ok`` record is never overwritten by a worse status.
+        ``also(conn)`` runs in the same transaction (what must commit with the records)."""
         if not records:
             return
         now = time.time()
@@ -333,6 +392,8 @@ class Ledger:
             if rows is not None:  # every record has every field: no per-row SQLAlchemy work
                 with self.engine.begin() as conn:
                     conn.exec_driver_sql(self._sqlite_upsert[0], rows)
+                    if also is not None:
+                        also(conn)
                 return
         rows = [{**r, "created_at": now, "updated_at": now} for r in records]
         with self.engine.begin() as conn:
@@ -340,6 +401,8 @@ class Ledger:
                 conn.execute(self._upsert_statement(backend), rows)
             else:
                 self._generic_upsert(conn, rows)
+            if also is not None:
+                also(conn)
 
     def _upsert_statement(self, backend: str) -> Any:
         t = self.table

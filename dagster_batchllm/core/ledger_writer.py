@@ -59,6 +59,9 @@ class LedgerWriter:
         self.room = max(1, room)
         self.interval_s = interval_s
         self.on_written = on_written
+        # Work done in each write's own transaction, given the keys written (the run's claims
+        # on them end there: a claim never outlives, nor ends before, its answer's record).
+        self.in_write: Callable[[Any, list[str]], None] | None = None
         self.log = log
         self.error: Exception | None = None
         self._buffer: list[dict[str, Any]] = []
@@ -197,5 +200,7 @@ class LedgerWriter:
             raise
 
     def _write(self, records: list[dict[str, Any]], keys: list[str]) -> None:
-        self.ledger.upsert(records)
+        in_write = self.in_write
+        self.ledger.upsert(records, None if in_write is None else
+                           (lambda conn: in_write(conn, keys)))
         self.on_written(keys)

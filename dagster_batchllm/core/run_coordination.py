@@ -101,13 +101,11 @@ class RunCoordination(Generic[Item]):
                              f"{type(exc).__name__}: {exc}")
             return set()
 
-    def release(self, keys: list[str]) -> None:
-        """End the claims on requests whose outcomes are written (blocking: the writer's
-        thread calls it): other runs may use them now."""
-        try:
-            self.coordinator.release(keys)
-        except Exception as exc:  # the claims end when this run leaves
-            self.log.warning(f"batchllm: releasing claims failed: {exc}")
+    def release_in(self, conn: Any, keys: list[str]) -> None:
+        """End the claims on requests whose outcomes ``conn``'s transaction writes (the
+        ledger writer's): other runs may use them once it commits. A failure fails that
+        write, which is retried with its records."""
+        self.coordinator.release(keys, conn)
 
     def park(self, key: str, item: Item) -> None:
         """Wait for ``key``, which another live run is sending, instead of sending it."""

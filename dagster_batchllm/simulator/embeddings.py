@@ -28,7 +28,6 @@ import hashlib
 import math
 import struct
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
@@ -39,18 +38,22 @@ from .state import tokens
 MALFORMED_BODY = b'{"object": "list", "data": [{"object": "embedding", "ind'
 
 
-def _full_vector(text: str, size: int) -> tuple[float, ...]:
-    """Components in [-1, 1) from the text's hash, in float64 (normalised by the caller)."""
-    raw = hashlib.shake_256(text.encode("utf-8")).digest(4 * size)
-    return tuple(u / 2147483648.0 - 1.0 for u in struct.unpack(f"<{size}I", raw))
+def embedding_vectors(texts: list[str], dimensions: int, model_dimensions: int) -> np.ndarray:
+    """The texts' L2-normalised float32 vectors (little-endian), one row each. Components in
+    [-1, 1) come from each text's hash; one numpy pass for a whole request keeps the server's
+    CPU per input (~4 us) small beside a client's."""
+    raw = b"".join(hashlib.shake_256(text.encode("utf-8")).digest(4 * model_dimensions)
+                   for text in texts)
+    full = np.frombuffer(raw, dtype="<u4").reshape(len(texts), model_dimensions)
+    head = full[:, :dimensions] / 2147483648.0 - 1.0
+    norms = np.sqrt(np.einsum("ij,ij->i", head, head))
+    norms[norms == 0] = 1.0
+    return (head / norms[:, None]).astype("<f4")
 
 
-@lru_cache(maxsize=4096)  # bytes, not floats: 4096 vectors of 384 are 6 MB
 def embedding_vector(text: str, dimensions: int, model_dimensions: int) -> bytes:
-    """The text's L2-normalised float32 vector as little-endian bytes."""
-    head = _full_vector(text, model_dimensions)[:dimensions]
-    norm = math.sqrt(sum(x * x for x in head)) or 1.0
-    return struct.pack(f"<{dimensions}f", *(x / norm for x in head))
+    """One text's vector as little-endian float32 bytes."""
+    return embedding_vectors([text], dimensions, model_dimensions)[0].tobytes()
 
 
 @dataclass
@@ -77,9 +80,12 @@ class EmbeddingJob:
         """The reply body for an outcome, and the usage counted for it (see `Generation`)."""
         size = self.dimensions // 2 if outcome == "bad_structured" else self.dimensions
         data = []
-        for index, text in enumerate(self.inputs):
-            packed = (self.vectors[index] if self.vectors is not None else
-                      embedding_vector(text, self.dimensions, self.model_dimensions))[: 4 * size]
+        vectors = self.vectors
+        if vectors is None:
+            vectors = [row.tobytes() for row in
+                       embedding_vectors(self.inputs, self.dimensions, self.model_dimensions)]
+        for index, packed in enumerate(vectors):
+            packed = packed[: 4 * size]
             vector = (base64.b64encode(packed).decode() if self.base64
                       else list(struct.unpack(f"<{size}f", packed)))
             data.append({"object": "embedding", "index": index, "embedding": vector})

@@ -112,11 +112,11 @@ def test_a_ledger_that_cannot_be_written_stops_the_run_sending_and_raises(sim, m
     writes = {"n": 0}
     upsert = client.ledger.upsert
 
-    def failing_upsert(records):
+    def failing_upsert(records, also=None):
         writes["n"] += 1
         if writes["n"] > 2:
             raise OSError("disk full")
-        return upsert(records)
+        return upsert(records, also)
 
     client.ledger.upsert = failing_upsert
     df = pd.DataFrame({"text": [f"row {i}" for i in range(3000)]})
