@@ -12,10 +12,10 @@ What it measures (the simulated server runs in its own process, so its CPU is no
    retries, nothing) shows what the machine and the simulated server allow at all.
 2. Client CPU per row (``time.process_time``: every thread of this process, so the ledger
    writer thread counts too) at 100 ms and at zero latency, where CPU is the only limit.
-3. Peak RSS (``ru_maxrss``) of a fresh subprocess that builds a table and runs ``infer`` over it
-   at zero latency, for two table sizes: the growth of the peak over the resident size before
-   the call (imports, table, ledger), less the output column it returns, per row, shows whether
-   the engine's own memory is flat in the number of rows.
+3. Peak RSS (VmHWM, see ``peak_memory``) of a fresh subprocess that builds a table and runs
+   ``infer`` over it at zero latency, for two table sizes: the growth of the peak over the
+   resident size before the call (imports, table, ledger), less the output column it returns,
+   per row, shows whether the engine's own memory is flat in the number of rows.
 
 Targets (issue #2): >= 90% of the theoretical limit; <= 1 ms client CPU per row; memory flat.
 """
@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,8 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from peak_memory import peak_resident_mib  # noqa: E402
 
 from dagster_batchllm.core.client import InferenceClient  # noqa: E402
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings  # noqa: E402
@@ -137,7 +138,7 @@ def warm_up(base_url: str, concurrency: int, workdir: str) -> None:
 
 # -- peak memory, in a fresh subprocess ---------------------------------------------------------
 def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    return peak_resident_mib()  # VmHWM: ru_maxrss would be the parent's after exec
 
 
 def _resident_mib() -> float:

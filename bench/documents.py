@@ -22,7 +22,7 @@ ledger, no retries, no budget. ``infer`` writes every answer to a SQLite ledger 
 "rows/s" is end to end (parse + infer), "infer rows/s" the sending alone, which the limit
 bounds; "CPU ms/row" is the client process's CPU (parse included), which decides the figures
 when the cores are shared (the image rows: validating, encoding and hashing 200 KB each).
-RSS: ``ru_maxrss`` of the subprocess; "before" is after the imports and the table (the
+RSS: VmHWM (``peak_memory``) of the subprocess; "before" is after the imports and the table (the
 paths, or for text the parsed pages: they are the input), "growth" the peak over it.
 
 Measured on the shared 2-core machine (other sessions' tests running, load 2 to 5), 10,000
@@ -43,12 +43,13 @@ import argparse
 import asyncio
 import base64
 import json
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from peak_memory import peak_resident_mib
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -72,7 +73,7 @@ IMAGE_PROMPT = "Extract the invoice number and amount due from page {name}"
 
 
 def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    return peak_resident_mib()  # VmHWM: ru_maxrss would be the parent's after exec
 
 
 def write_documents(folder: Path, pages: int) -> None:

@@ -14,8 +14,8 @@ flight. Printed side by side:
    The one-input baseline runs over ``--single-rows`` texts (its rate is steady; 100,000
    requests would take minutes of CPU).
 2. Client CPU per row (``time.process_time``: every thread of this process).
-3. Peak RSS growth per row of a fresh subprocess that builds the table and embeds it, at two
-   sizes, against the raw float32 size of a vector.
+3. Peak RSS growth per row (VmHWM, see ``peak_memory``) of a fresh subprocess that builds the
+   table and embeds it, at two sizes, against the raw float32 size of a vector.
 4. The rerun, answered from the ledger: its requests (0) and wall time.
 
 Targets (issue #14): >= 20x the one-input baseline, >= 1.0x the 64-input one; <= 0.05 ms CPU
@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,8 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from peak_memory import peak_resident_bytes  # noqa: E402
 
 from dagster_batchllm.core.client import InferenceClient  # noqa: E402
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings  # noqa: E402
@@ -129,7 +130,7 @@ def rss_child(base_url: str, rows: int) -> None:
             result = client.embed(df, input_column="text", model=MODEL,
                                   inputs_per_request=PER_REQUEST)
             assert result.stats.succeeded == rows
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    peak = peak_resident_bytes()
     print(json.dumps({"rows": rows, "before": before, "peak": peak}))
 
 

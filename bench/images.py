@@ -22,13 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 import zlib
 from pathlib import Path
+
+from peak_memory import peak_resident_mib
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -56,7 +57,7 @@ def random_png(seed: int) -> bytes:
 
 
 def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    return peak_resident_mib()  # VmHWM: ru_maxrss would be the parent's after exec
 
 
 def measure(base_url: str, rows: int, chunk_rows: int, image_dir: str, store: str) -> dict:

@@ -32,6 +32,7 @@ from .ledger import Ledger, redact_url
 
 _SUFFIX = ".jsonl"
 _FOLD_BATCH = 500
+_LINES_PER_WRITE = 256
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per line
 
 
@@ -67,23 +68,26 @@ class AnswerJournal:
         self.append_many([record])
 
     def append_many(self, records: list[dict[str, Any]]) -> None:
-        """One ``write`` for all of them (a grouped reply's answers arrive together).
+        """A ``write`` per ``_LINES_PER_WRITE`` records (a grouped reply's answers arrive
+        together; one event-loop turn may bring thousands, whose single write would hold
+        their text three times over at once).
 
         A record with the same fields as the object line before it is written as a JSON array
         of its values (half the CPU of an object, which a run pays for every answer); the
         reader takes the field names from that object line."""
-        lines = []
-        fields = self._fields
-        for record in records:
-            keys = tuple(record)
-            if keys == fields:
-                lines.append(_encode(list(record.values())))
-            else:
-                lines.append(_encode(record))
-                fields = keys
-        lines.append("")
-        os.write(self._fd, "\n".join(lines).encode())
-        self._fields = fields  # once its object line is written
+        for start in range(0, len(records), _LINES_PER_WRITE):
+            lines = []
+            fields = self._fields
+            for record in records[start:start + _LINES_PER_WRITE]:
+                keys = tuple(record)
+                if keys == fields:
+                    lines.append(_encode(list(record.values())))
+                else:
+                    lines.append(_encode(record))
+                    fields = keys
+            lines.append("")
+            os.write(self._fd, "\n".join(lines).encode())
+            self._fields = fields  # once its object line is written
 
     def close(self, *, remove: bool) -> None:
         """``remove``: every record is in the ledger; otherwise the next run folds it."""
