@@ -173,6 +173,7 @@ class EmbedTask:
             parts.append(Completion(content=content, prompt_tokens=tokens, completion_tokens=0,
                                     usage_reported=reply.usage_reported, finish_reason=None,
                                     latency_s=reply.latency_s))
+        _decode_together([p for p in parts if not isinstance(p, RowError)])
         return parts
 
     def value(self, content: str) -> np.ndarray:
@@ -190,6 +191,8 @@ class EmbedTask:
         return vector
 
     def reply_value(self, completion: Completion, request: RowRequest) -> np.ndarray:
+        if completion.payload is not None:  # decoded with the rest of its reply
+            return completion.payload
         return self.value(completion.content)
 
     def use_floats(self, model: str) -> bool:
@@ -276,6 +279,27 @@ def _stored_form(vector: Any) -> tuple[str, int]:
         return base64.b64encode(array.tobytes()).decode("ascii"), array.size
     raise MalformedResponseError(
         f"the reply's embedding is {type(vector).__name__}, not a list of numbers or base64")
+
+
+def _decode_together(parts: list[Completion]) -> None:
+    """Decode a reply's vectors in one go: one base64 decode, one float32 matrix, one finite
+    check; each part's payload becomes its row (a writable view of the reply's own matrix;
+    a row's vector is never shared with another's). Parts whose vector is not finite, and
+    replies whose base64 has padding (which cannot be joined), are left to ``value``."""
+    if len(parts) < 2 or any(p.content.endswith("=") for p in parts):
+        return
+    try:
+        raw = binascii.a2b_base64("".join(p.content for p in parts))
+    except (binascii.Error, ValueError):
+        return  # value() says which vector is broken
+    size = len(raw) // (4 * len(parts))
+    if size * 4 * len(parts) != len(raw):
+        return
+    matrix = np.frombuffer(raw, dtype=_STORED_DTYPE).astype(np.float32).reshape(len(parts), size)
+    finite = np.isfinite(matrix).all(axis=1)
+    for part, row, ok in zip(parts, matrix, finite, strict=True):
+        if ok:
+            part.payload = row
 
 
 def _token_shares(total: int, weights: list[int]) -> list[int]:
