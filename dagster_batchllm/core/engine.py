@@ -29,6 +29,7 @@ from typing import Any
 from .call import InferenceCall
 from .delivery import Attempts, Delivery, OnlineDelivery
 from .errors import DeferredError, InternalError, RowError
+from .gc_pacing import fewer_collections
 from .journal import AnswerJournal, fold_abandoned, journal_dir_for
 from .ledger import DEFERRED, FAILED, OK, Ledger
 from .ledger_writer import LedgerUnwritable, LedgerWriter
@@ -125,6 +126,10 @@ class InferenceRun:
 
     # -- the run -----------------------------------------------------------------------------
     async def run(self) -> InferenceStats:
+        with fewer_collections():  # the run's own objects are not garbage (see gc_pacing)
+            return await self._run()
+
+    async def _run(self) -> InferenceStats:
         self._started = time.perf_counter()
         journal_dir = journal_dir_for(self.ledger)
         await asyncio.to_thread(fold_abandoned, journal_dir, self.ledger, self.log)

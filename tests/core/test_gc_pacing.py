@@ -1,0 +1,58 @@
+"""Runs raise the collector's thresholds while they go, and put them back after."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pandas as pd
+
+from dagster_batchllm.core import gc_pacing
+from dagster_batchllm.core.gc_pacing import RUN_THRESHOLDS, fewer_collections
+
+
+def test_the_thresholds_are_raised_while_any_run_is_active_and_restored_after_the_last():
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        with fewer_collections():
+            assert gc.get_threshold() == RUN_THRESHOLDS
+            with fewer_collections():  # a second run (nested, or on another thread)
+                pass
+            assert gc.get_threshold() == RUN_THRESHOLDS  # the first still runs
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.set_threshold(200_000, 5, 500)  # higher than a run's: kept where higher
+        with fewer_collections():
+            assert gc.get_threshold() == (200_000, 50, 500)
+        assert gc.get_threshold() == (200_000, 5, 500)
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_a_caller_that_changes_the_thresholds_during_a_run_keeps_its_own():
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        with fewer_collections():
+            gc.set_threshold(1234, 10, 10)
+        assert gc.get_threshold() == (1234, 10, 10)
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_concurrent_runs_on_threads_leave_the_thresholds_as_they_found_them(sim, make_client):
+    before = gc.get_threshold()
+    client = make_client(sim)
+    frames = [pd.DataFrame({"text": [f"thread {t} row {i}" for i in range(200)]})
+              for t in range(3)]
+
+    def run(df):
+        result = client.infer(df, prompt="Echo {text}", model="sim-model")
+        assert result.stats.succeeded == len(df)
+
+    threads = [threading.Thread(target=run, args=(df,)) for df in frames]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert gc.get_threshold() == before and gc_pacing._active == 0
