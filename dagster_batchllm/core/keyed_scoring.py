@@ -32,6 +32,7 @@ from typing import Any
 import tenacity
 
 from .errors import InvalidInputError, RowError, UnsupportedModelError
+from .keyed_writes import MISSING, BackgroundWrites
 from .ledger import FAILED, OK, Ledger
 from .ledger_writer import database_away
 from .mlflow_models import IN_PROCESS, ResolvedModel, load_model, short_error
@@ -92,10 +93,11 @@ def request_keys(frame: Any, call: PredictCall, models: dict[str, ResolvedModel]
 
 def score_keyed(ledger: Ledger, frame: Any, call: PredictCall,
                 models: dict[str, ResolvedModel], *, run_id: str | None = None,
-                outage_s: float = 60.0) -> KeyedBatch:
+                outage_s: float = 60.0, writes: BackgroundWrites | None = None) -> KeyedBatch:
     """Every row of ``frame`` (a 0..n-1 index) answered: from the ledger where it holds an
     ``ok`` answer for the row's key, else scored now and written. Rows that share a key are
-    scored once. ``models``: in-process models only (served ones go through the engine)."""
+    scored once. ``models``: in-process models only (served ones go through the engine).
+    ``writes``: write on that thread (and take its answers not written yet); else now."""
     n = len(frame)
     values: list[Any] = [None] * n
     errors: list[str | None] = [None] * n
@@ -116,14 +118,17 @@ def score_keyed(ledger: Ledger, frame: Any, call: PredictCall,
         return out
     scope, partition = call.scope, call.partition_key
     records: list[dict[str, Any]] = []
+    queued = _queued_answers(writes, wanted, values)
+    out.cached += queued
     every_key = [key for by_key in wanted.values() for key in by_key]
-    hits = ledger.lookup_ok(every_key, partition, scope)
+    hits = ledger.lookup_ok(every_key, partition, scope) if every_key else {}
+    answers: dict[str, Any] = {}
     for name, by_key in wanted.items():
         missing: dict[str, list[int]] = {}
         for key, rows in by_key.items():
             hit = hits.get(key)
-            value = _stored_value(hit) if hit is not None else _MISSING
-            if value is _MISSING:
+            value = _stored_value(hit) if hit is not None else MISSING
+            if value is MISSING:
                 missing[key] = rows
                 continue
             for row in rows:
@@ -134,28 +139,43 @@ def score_keyed(ledger: Ledger, frame: Any, call: PredictCall,
                 records.append(_record(key, name, OK, call, run_id, response=hit["response"],
                                        attempts=0, endpoint="ledger"))
         if missing:
-            _score_missing(models[name], frame, call, missing, out, records, run_id)
-    if records:
-        _write(ledger, records, outage_s)
+            _score_missing(models[name], frame, call, missing, out, records, run_id, answers)
+    if records and writes is not None:
+        writes.put(records, answers)
+    elif records:
+        write_records(ledger, records, outage_s)
     counters["rows"] += n
     counters["scored"] += out.scored
     counters["cached"] += out.cached
     return out
 
 
-_MISSING = object()
+def _queued_answers(writes: BackgroundWrites | None, wanted: dict[str, dict[str, list[int]]],
+                    values: list[Any]) -> int:
+    """Rows answered by an earlier batch's records still waiting for the writer (taken out of
+    ``wanted``); their records are that batch's."""
+    if writes is None:
+        return 0
+    answered = 0
+    for by_key in wanted.values():
+        for key, value in writes.answers_for(by_key).items():
+            for row in by_key.pop(key):
+                values[row] = value
+                answered += 1
+    return answered
 
 
 def _stored_value(hit: dict[str, Any]) -> Any:
     try:
         return json.loads(hit["response"])
     except (TypeError, ValueError):  # a hand-edited record: score the row again, as the engine
-        return _MISSING
+        return MISSING
 
 
 def _score_missing(model: ResolvedModel, frame: Any, call: PredictCall,
                    missing: dict[str, list[int]], out: KeyedBatch,
-                   records: list[dict[str, Any]], run_id: str | None) -> None:
+                   records: list[dict[str, Any]], run_id: str | None,
+                   answers: dict[str, Any]) -> None:
     """One model call for the distinct requests ``missing`` names (the first row of each)."""
     keys = list(missing)
     started = time.perf_counter()
@@ -192,6 +212,7 @@ def _score_missing(model: ResolvedModel, frame: Any, call: PredictCall,
         if problem is None:
             for row in rows:
                 out.values[row] = prediction
+            answers[key] = prediction
             records.append(_record(key, model.name, OK, call, run_id, response=response,
                                    attempts=1, endpoint=IN_PROCESS_ENDPOINT,
                                    latency_ms=latency_ms))
@@ -218,7 +239,7 @@ def _record(key: str, model: str, status: str, call: PredictCall, run_id: str | 
             "run_id": run_id}
 
 
-def _write(ledger: Ledger, records: list[dict[str, Any]], outage_s: float) -> None:
+def write_records(ledger: Ledger, records: list[dict[str, Any]], outage_s: float) -> None:
     """One upsert; a database that is away (a restart, a cut) is waited for up to
     ``outage_s``, as the engine's writer does, and then the batch fails (the task's retry
     scores what was not written)."""
