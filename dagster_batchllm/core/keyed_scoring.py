@@ -202,7 +202,10 @@ def _score_missing(model: ResolvedModel, frame: Any, call: PredictCall,
     for key, prediction, problem in zip(keys, predictions, problems, strict=True):
         rows = missing[key]
         response = None
-        if problem is None:
+        kind = type(prediction)
+        if kind is int or (kind is float and math.isfinite(prediction)):
+            response = repr(prediction)  # what json.dumps writes for these, at a third the cost
+        elif problem is None:
             try:
                 response = dumps(prediction)
             except (TypeError, ValueError) as exc:
