@@ -190,16 +190,26 @@ def predict_isolating_errors(pyfunc: Any, frame: Any, name: str
     where the model rejects it, halves are scored again until each bad row fails alone with the
     model's reason: (prediction or None, ``"<error_type>: <reason>"`` or None) per row. For
     callers that keep no ledger (``model_udf(..., use_ledger=False)``)."""
+    values, problems = predict_rows(pyfunc, frame, name)
+    return values, [None if p is None else p.as_cell() for p in problems]
+
+
+def predict_rows(pyfunc: Any, frame: Any, name: str
+                 ) -> tuple[list[Any], list[RowError | None]]:
+    """:func:`predict_isolating_errors` with each row's error as a :class:`RowError` (its type
+    is what a ledger record keeps)."""
     rows = len(frame)
+    if rows == 0:
+        return [], []
     try:
         return predictions_list(pyfunc.predict(frame), rows), [None] * rows
     except MalformedResponseError as exc:
-        return [None] * rows, [exc.as_cell()] * rows
+        return [None] * rows, [exc] * rows
     except Exception as exc:
         if rows == 1:
-            error = InvalidInputError(f"model '{name}' rejected the input: {short_error(exc)}")
-            return [None], [error.as_cell()]
+            return [None], [InvalidInputError(
+                f"model '{name}' rejected the input: {short_error(exc)}")]
     half = rows // 2
-    first = predict_isolating_errors(pyfunc, frame.iloc[:half], name)
-    second = predict_isolating_errors(pyfunc, frame.iloc[half:], name)
+    first = predict_rows(pyfunc, frame.iloc[:half], name)
+    second = predict_rows(pyfunc, frame.iloc[half:], name)
     return first[0] + second[0], first[1] + second[1]

@@ -10,11 +10,14 @@ every worker scores the same versions even if an alias moves during the job.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
+from ..core.keyed_scoring import score_keyed
+from ..core.keyed_writes import BackgroundWrites
 from ..core.mlflow_models import IN_PROCESS, ResolvedModel, load_model
 from ..core.predict import PredictCall
 from ..core.scoring import predict_isolating_errors
@@ -38,8 +41,29 @@ class ModelJob:
     #: batch with one plain predict() as spark_udf does, a rejected row still failing alone.
     use_ledger: bool = True
 
-    def score(self, frame: pd.DataFrame) -> tuple[list[Any], list[str | None]]:
-        if self.use_ledger:
+    @property
+    def keyed(self) -> bool:
+        """Whether batches are scored by :func:`score_keyed` (every model in process)."""
+        return self.use_ledger and all(m.kind == IN_PROCESS for _, m in self.models)
+
+    def background_writes(self) -> BackgroundWrites | None:
+        """A writer thread for one task's batches (see :mod:`~..core.keyed_writes`)."""
+        if not self.keyed:
+            return None
+        return BackgroundWrites(client_for(self.settings).ledger,
+                                outage_s=self.settings.ledger_outage_s)
+
+    def score(self, frame: pd.DataFrame, writes: BackgroundWrites | None = None
+              ) -> tuple[list[Any], list[str | None]]:
+        if self.keyed:
+            # The batch's keys, lookups, model call and ledger writes in bulk: the engine's
+            # bookkeeping per row would cost a hundred times what such a model does.
+            client = client_for(self.settings)
+            batch = score_keyed(client.ledger, frame, self.call, dict(self.models),
+                                run_id=self.run_id, outage_s=self.settings.ledger_outage_s,
+                                writes=writes)
+            outputs, errors = batch.values, batch.errors
+        elif self.use_ledger:  # served models: the engine, for the pool's limits and retries
             client = client_for(self.settings)
             result = client.predict(frame, self.call, models=dict(self.models),
                                     run_id=self.run_id)
@@ -51,6 +75,8 @@ class ModelJob:
         if self.fail_on_error:
             failed = [e for e in errors if e is not None]
             if failed:
+                if writes is not None:
+                    writes.drain()  # the answered rows in the ledger before the task fails
                 raise RuntimeError(f"{len(failed)} of {len(errors)} rows failed; the first: "
                                    f"{failed[0]} (the answered rows are in the ledger; "
                                    "fail_on_error=False keeps errors as data)")
@@ -118,18 +144,30 @@ def _as_type(value: Any, result_type: str) -> Any:
 
 
 def scalar_function(job: ModelJob, feature_names: list[str]):
-    """The pandas UDF body: a batch of the features (a struct, one field per feature)."""
+    """The pandas UDF body: a task's batches of the features (a struct, one field per
+    feature), one after another, so the ledger writes of one overlap the next and the task
+    ends only once every prediction is written."""
 
-    # No type hints: pandas_udf would read them as a different kind of UDF.
-    def predict_batch(features):
-        frame = features.copy(deep=False)
-        frame.columns = feature_names
-        values, errors = job.score(frame.reset_index(drop=True))
-        if job.fail_on_error:
-            return pd.Series(values, dtype=object)
-        return pd.DataFrame({RESULT_FIELD: values, ERROR_FIELD: errors})
+    def predict_batches(batches):
+        writes = job.background_writes()
+        try:
+            for features in batches:
+                frame = features.copy(deep=False)
+                frame.columns = feature_names
+                values, errors = job.score(frame.reset_index(drop=True), writes)
+                if job.fail_on_error:
+                    yield pd.Series(values, dtype=object)
+                else:
+                    yield pd.DataFrame({RESULT_FIELD: values, ERROR_FIELD: errors})
+        finally:  # also when Spark stops reading early (a limit): what was scored is kept
+            if writes is not None:
+                writes.close()
 
-    return predict_batch
+    # Iterator hints make it Spark's scalar-iterator UDF (one call per task, not per batch).
+    out = pd.Series if job.fail_on_error else pd.DataFrame
+    predict_batches.__annotations__ = {"batches": Iterator[pd.DataFrame],
+                                       "return": Iterator[out]}
+    return predict_batches
 
 
 def group_function(job: ModelJob, output_column: str, drop_columns: tuple[str, ...] = ()):

@@ -163,3 +163,30 @@ def test_spark_sql_ai_query_on_a_registered_model_with_named_struct(spark, setti
     assert checked.schema["p"].dataType.simpleString() == \
         "struct<result:double,errorMessage:string>"
     assert checked.where("p.errorMessage IS NULL").count() == 200
+
+
+def test_model_udf_and_predict_share_the_ledger_and_a_rerun_scores_nothing(spark, settings):
+    from dagster_batchllm.core.client import InferenceClient
+    from dagster_batchllm.core.ledger import Ledger
+
+    frame = _frame(400, seed=45)
+    with InferenceClient(settings) as client:  # predict() scores the first 150 rows
+        client.predict(frame.head(150), model="risk", input_columns=FEATURES, run_id="predict")
+    df = spark.createDataFrame(frame).repartition(2)
+    out = df.withColumn("p", model_udf(spark, "risk", settings, run_id="udf")(*FEATURES))
+    out = out.select("row_id", "p.result", "p.errorMessage").toPandas().sort_values("row_id")
+    assert out["result"].tolist() == fit_risk_model(1).predict(frame[FEATURES]).tolist()
+    assert out["errorMessage"].isna().all()
+    records = Ledger(settings.store_url).records()
+    # Every row in the ledger once; the 150 predict() scored were not scored again.
+    assert len(records) == 400 and (records["status"] == "ok").all()
+    assert records["run_id"].value_counts().to_dict() == {"udf": 250, "predict": 150}
+    written = records.set_index("request_key")["updated_at"]
+    df.withColumn("p", model_udf(spark, "risk", settings, run_id="rerun")(*FEATURES)) \
+        .write.format("noop").mode("overwrite").save()
+    after = Ledger(settings.store_url).records().set_index("request_key")
+    assert "rerun" not in set(after["run_id"])  # nothing scored, nothing rewritten
+    assert after["updated_at"].equals(written.loc[after.index])
+    with InferenceClient(settings) as client:  # and predict() takes model_udf's answers
+        again = client.predict(frame, model="risk", input_columns=FEATURES)
+    assert again.stats.cached == 400
