@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..core.gc_pacing import fewer_collections
 from ..core.keyed_scoring import score_keyed
 from ..core.keyed_writes import BackgroundWrites
 from ..core.mlflow_models import IN_PROCESS, ResolvedModel, load_model
@@ -151,14 +152,15 @@ def scalar_function(job: ModelJob, feature_names: list[str]):
     def predict_batches(batches):
         writes = job.background_writes()
         try:
-            for features in batches:
-                frame = features.copy(deep=False)
-                frame.columns = feature_names
-                values, errors = job.score(frame.reset_index(drop=True), writes)
-                if job.fail_on_error:
-                    yield pd.Series(values, dtype=object)
-                else:
-                    yield pd.DataFrame({RESULT_FIELD: values, ERROR_FIELD: errors})
+            with fewer_collections():  # a task's per-row keys and records are not garbage
+                for features in batches:
+                    frame = features.copy(deep=False)
+                    frame.columns = feature_names
+                    values, errors = job.score(frame.reset_index(drop=True), writes)
+                    if job.fail_on_error:
+                        yield pd.Series(values, dtype=object)
+                    else:
+                        yield pd.DataFrame({RESULT_FIELD: values, ERROR_FIELD: errors})
         finally:  # also when Spark stops reading early (a limit): what was scored is kept
             if writes is not None:
                 writes.close()
