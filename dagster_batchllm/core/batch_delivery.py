@@ -69,7 +69,8 @@ class BatchDelivery:
         self._notes = Gatherer(self._note_lines, _GATHER)
         self._endpoints: dict[str, EndpointSpec | None] = {}
         self._waiting_errors: dict[tuple[str, str], DeferredError] = {}
-        self._spools: dict[str, Spool] = {}
+        self._spools: dict[str, Spool] = {}  # the open file of each model
+        self._own: dict[str, Spool] = {}  # every file of this pass, by submission id
         self._directory: Path | None = None
         self._uploads: set[asyncio.Task] = set()
         self._upload_slots = asyncio.Semaphore(_UPLOADS_AT_ONCE)
@@ -104,12 +105,18 @@ class BatchDelivery:
         return None
 
     async def open(self) -> None:
-        self._directory = Path(tempfile.mkdtemp(prefix="batchllm-batch-files-"))
+        # One delivery serves every engine run of a pass (a run per slice of rows), so a file
+        # fills across them.
+        if self._directory is None:
+            self._directory = Path(tempfile.mkdtemp(prefix="batchllm-batch-files-"))
 
     async def close(self) -> None:
-        """Files are submitted by :meth:`submit_open_files` (after a run that ended well) or
-        dropped by :meth:`discard` (after a stop); here only the uploads already started are
-        waited for."""
+        """Nothing to do at the end of one engine run: the pass that owns this delivery
+        submits the open files (:meth:`submit_open_files`) after its last run, or waits for
+        the uploads started and drops the rest (:meth:`discard`) after a stop."""
+
+    async def wait_for_uploads(self) -> None:
+        """Wait for the uploads already started (whatever comes of them)."""
         if self._uploads:
             await asyncio.gather(*list(self._uploads), return_exceptions=True)
 
@@ -145,7 +152,9 @@ class BatchDelivery:
             if line is not None:
                 if line.batch_status not in (COLLECTED, SUBMIT_FAILED):
                     self.waiting.add(line.submission_id)
-                    results[i] = self._waiting_error(line.batch_name, line.batch_status)
+                    own = self._own.get(line.submission_id)  # a row of an earlier slice's key
+                    results[i] = own.deferred if own is not None else self._waiting_error(
+                        line.batch_name, line.batch_status)
                     continue
                 tried.count = line.attempt
                 if line.state == "ok" and line.response is not None:
@@ -236,6 +245,7 @@ class BatchDelivery:
         if spool is None:
             assert self._directory is not None
             spool = self._spools[model] = Spool(self._directory, model)
+            self._own[spool.submission_id] = spool
         return spool
 
     def _note_lines(self, notes: list[tuple[Spool, str, int, bytes]]) -> list[bool]:
