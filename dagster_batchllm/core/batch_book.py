@@ -22,8 +22,7 @@ import re
 import socket
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -60,10 +59,11 @@ def owner_alive(owner: str | None, updated_at: float) -> bool:
     return time.time() - updated_at < STALE_AFTER_S
 
 
-@dataclass(frozen=True, slots=True)
-class LineState:
-    """A key's latest line: in which batch, which attempt, and what came of it."""
+class LineState(NamedTuple):
+    """A key's latest line: in which batch, which attempt, and what came of it. A tuple made
+    straight from its query row (a collect pass reads 100,000s of them)."""
 
+    request_key: str
     submission_id: str
     batch_id: str | None
     batch_status: str
@@ -74,12 +74,18 @@ class LineState:
     completion_tokens: int
     error: str | None
     error_type: str | None
-    retryable: bool
-    latency_s: float
+    retryable: bool  # 0 or 1 on SQLite
+    created_at: float
+    ended_at: float | None
 
     @property
     def batch_name(self) -> str:
         return self.batch_id or self.submission_id
+
+    @property
+    def latency_s(self) -> float:
+        """From the batch's creation to its end (what a line of it waited)."""
+        return max(0.0, (self.ended_at or self.created_at) - self.created_at)
 
 
 def _tables(ledger_table: str) -> tuple[sa.Table, sa.Table]:
@@ -124,9 +130,12 @@ def _tables(ledger_table: str) -> tuple[sa.Table, sa.Table]:
         sa.Column("error", sa.Text),
         sa.Column("error_type", sa.String(64)),
         sa.Column("retryable", sa.Boolean, nullable=False, default=False),
-        # (submission, key) and not (submission, state): with the latter SQLite answers
-        # "WHERE request_key = ? AND submission_id = ?" by scanning the batch's lines.
-        sa.Index(f"ix_{table}_batch_lines_sub_key", "submission_id", "request_key"),
+        # A batch's lines (marking those it never answered, forgetting a submission). On the
+        # submission alone: a file's keys arrive in random order, but its index entries (after
+        # the rowid on SQLite, the tuple id on PostgreSQL) are appended, so recording a line
+        # costs one random B-tree insert (the key's) and not two. A line is found by its key
+        # (the primary key's prefix), never through this index (see by_key in BatchBook).
+        sa.Index(f"ix_{table}_batch_lines_submission", "submission_id"),
     )
     return batches, lines
 
@@ -142,6 +151,10 @@ class BatchBook:
             f"{ledger.table.schema + '.' if ledger.table.schema else ''}{ledger.table.name}")
         mark = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
         lines, batches = _quoted(self.engine, self.lines), _quoted(self.engine, self.batches)
+        # SQLite would otherwise answer "key = ? AND submission = ?" through the submission's
+        # index, scanning the batch's lines for each key; a unary + keeps it on the key.
+        # PostgreSQL's planner knows the key is the more selective (and has no + for text).
+        by_key = "+submission_id" if mark == "?" else "submission_id"
         self._insert_line = (
             f"INSERT INTO {lines} (request_key, attempt, submission_id, state, prompt_tokens, "
             f"completion_tokens, retryable) VALUES ({mark}, {mark}, {mark}, '{PENDING}', 0, 0, "
@@ -149,14 +162,14 @@ class BatchBook:
         self._settle_line = (
             f"UPDATE {lines} SET state = {mark}, response = {mark}, error = {mark}, "
             f"error_type = {mark}, retryable = {mark} WHERE request_key = {mark} AND "
-            f"submission_id = {mark}")
+            f"{by_key} = {mark}")
         self._mark = mark
         self._latest = (
-            f"SELECT l.request_key, l.submission_id, l.attempt, l.state, l.response, "
-            f"l.prompt_tokens, l.completion_tokens, l.error, l.error_type, l.retryable, "
-            f"b.batch_id, b.status, b.created_at, b.ended_at FROM {lines} l JOIN {batches} b "
+            f"SELECT l.request_key, l.submission_id, b.batch_id, b.status, l.attempt, l.state, "
+            f"l.response, l.prompt_tokens, l.completion_tokens, l.error, l.error_type, "
+            f"l.retryable, b.created_at, b.ended_at FROM {lines} l JOIN {batches} b "
             f"ON b.submission_id = l.submission_id WHERE l.request_key IN ")
-        self._ours = (f"SELECT request_key FROM {lines} WHERE submission_id = {mark} "
+        self._ours = (f"SELECT request_key FROM {lines} WHERE {by_key} = {mark} "
                       "AND request_key IN ")
         try:
             self.batches.metadata.create_all(self.engine, checkfirst=True)
@@ -229,15 +242,16 @@ class BatchBook:
                                  retryable=retryable))
 
     # -- collecting --------------------------------------------------------------------------
-    def settle_lines(self, submission_id: str, outcomes: Sequence[dict[str, Any]]) -> None:
-        """Write line outcomes (``request_key``, ``state``, ``response``, tokens, ``error``,
-        ``error_type``, ``retryable``) of one batch."""
+    def settle_lines(self, submission_id: str,
+                     outcomes: Sequence[tuple[str, str | None, str | None, str | None, bool,
+                                              str]]) -> None:
+        """Write line outcomes of one batch: ``(state, response, error, error_type, retryable,
+        request_key)`` tuples (the statement's parameter order, less the batch's id)."""
         if not outcomes:
             return
         with self.engine.begin() as conn:
-            conn.exec_driver_sql(self._settle_line, [
-                (o["state"], o["response"], o["error"], o["error_type"], o["retryable"],
-                 o["request_key"], submission_id) for o in outcomes])
+            conn.exec_driver_sql(self._settle_line,
+                                 [(*outcome, submission_id) for outcome in outcomes])
 
     def mark_missing(self, submission_id: str, error: str, error_type: str) -> int:
         """Lines the ended batch answered neither way: a next batch may submit them again."""
@@ -279,22 +293,15 @@ class BatchBook:
     def latest_lines(self, keys: Sequence[str]) -> dict[str, LineState]:
         """Each key's latest line (highest attempt), with its batch's id and status."""
         found: dict[str, LineState] = {}
-        mark = self._mark
+        mark, make = self._mark, LineState._make
         with self.engine.connect() as conn:
             for start in range(0, len(keys), _CHUNK):
                 chunk = keys[start:start + _CHUNK]
-                rows = conn.exec_driver_sql(
-                    self._latest + f"({', '.join([mark] * len(chunk))})", tuple(chunk))
-                for (key, sub, attempt, state, response, prompt_tokens, completion_tokens,
-                     error, error_type, retryable, batch_id, status, created_at,
-                     ended_at) in rows:
-                    held = found.get(key)
-                    if held is not None and held.attempt >= attempt:
-                        continue
-                    found[key] = LineState(
-                        sub, batch_id, status, attempt, state, response, prompt_tokens,
-                        completion_tokens, error, error_type, bool(retryable),
-                        max(0.0, (ended_at or created_at) - created_at))
+                for row in conn.exec_driver_sql(
+                        self._latest + f"({', '.join([mark] * len(chunk))})", tuple(chunk)):
+                    held = found.get(row[0])
+                    if held is None or held.attempt < row[4]:
+                        found[row[0]] = make(row)
         return found
 
     def line_counts(self, submission_id: str) -> dict[str, int]:

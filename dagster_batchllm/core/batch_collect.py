@@ -119,21 +119,16 @@ class BatchCollector:
     def _collect(self, row: dict[str, Any], status: BatchStatus) -> dict[str, Any]:
         sub, protocol = row["submission_id"], self.protocols[row["endpoint"]]
         ok = failed = 0
-        outcomes: list[dict[str, Any]] = []
+        outcomes: list[tuple] = []
         for result in protocol.results(status):
-            if result.error is None:
+            error = result.error
+            if error is None:
                 ok += 1
-                outcomes.append({"request_key": result.request_key, "state": LINE_OK,
-                                 "response": result.body, "prompt_tokens": 0,
-                                 "completion_tokens": 0, "error": None, "error_type": None,
-                                 "retryable": False})
+                outcomes.append((LINE_OK, result.body, None, None, False, result.request_key))
             elif not result.expired:  # an expired line is "missing", marked below
                 failed += 1
-                outcomes.append({"request_key": result.request_key, "state": LINE_FAILED,
-                                 "response": None, "prompt_tokens": 0, "completion_tokens": 0,
-                                 "error": result.error.message,
-                                 "error_type": result.error.error_type.value,
-                                 "retryable": bool(result.error.retryable)})
+                outcomes.append((LINE_FAILED, None, error.message, error.error_type.value,
+                                 bool(error.retryable), result.request_key))
             if len(outcomes) >= _SETTLE_CHUNK:
                 self.book.settle_lines(sub, outcomes)
                 outcomes = []

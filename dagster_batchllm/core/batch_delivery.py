@@ -1,8 +1,8 @@
 """The batch API as a delivery: each request becomes a line of a batch file, not an HTTP call.
 
-The engine hands :class:`BatchDelivery` one request at a time, as it does the online delivery.
-``send`` looks the key up in the batch book (see :mod:`.batch_book`) and then, without waiting
-for any batch:
+The engine hands :class:`BatchDelivery` parcels of requests (``send_many``; ``send`` is a
+parcel of one). Each key is looked up in the batch book (see :mod:`.batch_book`) and then,
+without waiting for any batch:
 
 * the key's line was answered in a collected batch: the reply goes back to the engine, which
   parses it with the task and records it in the ledger like an online answer (so structured
@@ -17,7 +17,8 @@ for any batch:
 So a worker never waits for a batch, and memory stays flat in rows: lines are streamed to a
 file on disk, which is cut at the endpoint's ``max_requests_per_batch`` / ``max_bytes_per_batch``
 and uploaded by a background task while the run goes on. Lookups and book writes are gathered
-into one query per few hundred keys.
+into one thread call per couple of thousand keys (see :mod:`.batch_spool`), and the rows of one
+file share one deferral error and its cell text.
 """
 
 from __future__ import annotations
@@ -26,98 +27,23 @@ import asyncio
 import logging
 import shutil
 import tempfile
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .batch_book import COLLECTED, SUBMIT_FAILED, BatchBook, LineState, owner_id
+from .batch_book import COLLECTED, SUBMIT_FAILED, BatchBook, owner_id
 from .batch_protocol import BatchProtocol
+from .batch_spool import NOT_YET_SUBMITTED, Gatherer, Spool, waiting_for
 from .errors import DeferredError, ErrorType, RowError, UnsupportedModelError
 from .limits import TokenBudget
 from .prompts import RowRequest
 from .settings import EndpointSpec, InferenceSettings
 from .transport import Completion, ReplyParser
 
-#: Rows deferred into a file not yet submitted say this, then the submission id; once the batch
-#: is created the message is rewritten to name the provider's batch id.
-NOT_YET_SUBMITTED = "waiting for batch (file "
 _GATHER = 2000  # keys per book transaction (a lookup queries them 500 at a time)
+# Requests a worker hands over at once (the engine's ``items_per_send``): a parcel costs one
+# coroutine step, one lookup and one book write in all, not one per row.
+_PER_SEND = 1000
 _UPLOADS_AT_ONCE = 2
-
-
-class _Gatherer:
-    """Gathers items handed in by many workers into one blocking call (on a thread) per
-    ``size`` items or per turn of the event loop; each worker awaits its own result. Calls run
-    one at a time, in order, so a result also says every item handed in before it is done."""
-
-    def __init__(self, call: Callable[[list[Any]], dict[Any, Any] | None], size: int = _GATHER):
-        self.call, self.size = call, size
-        self._items: list[Any] = []
-        self._futures: list[asyncio.Future] = []
-        self._scheduled = False
-        self._turn = asyncio.Lock()
-        self._running: set[asyncio.Task] = set()
-
-    async def submit(self, item: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._items.append(item)
-        self._futures.append(future)
-        if len(self._items) >= self.size:
-            self._flush()
-        elif not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._flush)
-        return await future
-
-    async def drain(self) -> None:
-        """Wait until everything handed in so far is done."""
-        self._flush()
-        while self._running:
-            await asyncio.gather(*list(self._running), return_exceptions=True)
-
-    def _flush(self) -> None:
-        self._scheduled = False
-        if not self._items:
-            return
-        items, futures = self._items, self._futures
-        self._items, self._futures = [], []
-        task = asyncio.get_running_loop().create_task(self._run(items, futures))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
-
-    async def _run(self, items: list[Any], futures: list[asyncio.Future]) -> None:
-        try:
-            async with self._turn:
-                found = await asyncio.to_thread(self.call, items)
-        except Exception as exc:  # every waiting worker gets it (the engine makes it a row error)
-            for future in futures:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
-        for item, future in zip(items, futures, strict=True):
-            if not future.done():
-                future.set_result(None if found is None else found.get(item))
-
-
-class _Spool:
-    """The open batch file of one model: lines on disk, keys noted for the book."""
-
-    def __init__(self, directory: Path, model: str):
-        self.submission_id = f"bllm-{uuid.uuid4().hex[:20]}"
-        self.model = model
-        self.path = directory / f"{self.submission_id}.jsonl"
-        self.handle = open(self.path, "wb", buffering=1 << 20)  # noqa: SIM115 - closed at cut
-        self.lines = 0  # lines given a place (cut at the endpoint's limits)
-        self.bytes = 0
-        self.written = 0  # lines in the file (keys the book recorded for this batch)
-        self.written_bytes = 0
-        self.recorded = False
 
 
 class BatchDelivery:
@@ -139,9 +65,12 @@ class BatchDelivery:
         self.budget = budget
         self.scope, self.partition_key, self.run_id = scope, partition_key, run_id
         self.log = log or logging.getLogger("dagster_batchllm")
-        self._lookups = _Gatherer(self.book.latest_lines)
-        self._notes = _Gatherer(self._note_lines)
-        self._spools: dict[str, _Spool] = {}
+        self._lookups = Gatherer(self._latest_lines, _GATHER)
+        self._notes = Gatherer(self._note_lines, _GATHER)
+        self._endpoints: dict[str, EndpointSpec | None] = {}
+        self._waiting_errors: dict[tuple[str, str], DeferredError] = {}
+        self._spools: dict[str, Spool] = {}  # the open file of each model
+        self._own: dict[str, Spool] = {}  # every file of this pass, by submission id
         self._directory: Path | None = None
         self._uploads: set[asyncio.Task] = set()
         self._upload_slots = asyncio.Semaphore(_UPLOADS_AT_ONCE)
@@ -154,13 +83,20 @@ class BatchDelivery:
         self.collected_failed = 0
 
     # -- the Delivery interface --------------------------------------------------------------
+    #: Parcels the engine hands :meth:`send_many` at once.
+    items_per_send = _PER_SEND
+
     def capacity(self) -> int:
         # Sending is a lookup and a line written to a file: enough workers that the gathered
-        # book transactions are full.
+        # book transactions are full, and one fills the next while another's is on its thread.
         return _GATHER
 
     def endpoint_for(self, model: str) -> EndpointSpec | None:
-        return self.settings.batch_endpoint_for(model)
+        try:
+            return self._endpoints[model]
+        except KeyError:
+            found = self._endpoints[model] = self.settings.batch_endpoint_for(model)
+            return found
 
     def refusal(self, request: RowRequest) -> RowError | None:
         if self.endpoint_for(request.model) is None:
@@ -169,12 +105,18 @@ class BatchDelivery:
         return None
 
     async def open(self) -> None:
-        self._directory = Path(tempfile.mkdtemp(prefix="batchllm-batch-files-"))
+        # One delivery serves every engine run of a pass (a run per slice of rows), so a file
+        # fills across them.
+        if self._directory is None:
+            self._directory = Path(tempfile.mkdtemp(prefix="batchllm-batch-files-"))
 
     async def close(self) -> None:
-        """Files are submitted by :meth:`submit_open_files` (after a run that ended well) or
-        dropped by :meth:`discard` (after a stop); here only the uploads already started are
-        waited for."""
+        """Nothing to do at the end of one engine run: the pass that owns this delivery
+        submits the open files (:meth:`submit_open_files`) after its last run, or waits for
+        the uploads started and drops the rest (:meth:`discard`) after a stop."""
+
+    async def wait_for_uploads(self) -> None:
+        """Wait for the uploads already started (whatever comes of them)."""
         if self._uploads:
             await asyncio.gather(*list(self._uploads), return_exceptions=True)
 
@@ -187,64 +129,114 @@ class BatchDelivery:
         return figures
 
     async def send(self, request: RowRequest, attempts: Any) -> Completion:
-        line: LineState | None = await self._lookups.submit(request.key)
-        endpoint = self.endpoint_for(request.model)
-        assert endpoint is not None  # refused before otherwise
-        attempts.endpoint = endpoint.name
-        attempt = 1
-        if line is not None:
-            if line.batch_status not in (COLLECTED, SUBMIT_FAILED):
-                self.waiting.add(line.submission_id)
-                raise DeferredError(
-                    f"waiting for batch {line.batch_name} ({line.batch_status}); a later run "
-                    "collects its answers, nothing is submitted again")
-            attempts.count = line.attempt
-            if line.state == "ok" and line.response is not None:
-                self.collected_ok += 1
-                return self.parse(line.response.encode(), endpoint=endpoint.name,
-                                  latency_s=line.latency_s)
-            if not line.retryable or line.attempt >= self.settings.max_attempts:
-                self.collected_failed += 1
-                tries = "" if not line.retryable else (
-                    f" (after {line.attempt} batch submissions, max_attempts)")
-                raise RowError(f"{line.error or 'the batch gave no answer'}{tries}",
-                               error_type=ErrorType(line.error_type or "server_error"))
-            attempt = line.attempt + 1
-        budget = self.budget
-        if budget is not None:
-            if not budget.try_reserve(request.reserve_tokens):
-                raise DeferredError(
-                    f"the token budget ({budget.total}) has {budget.remaining} tokens left, "
-                    f"this request may need {request.reserve_tokens}; a later call will "
-                    "submit it")
-            budget.settle(request.reserve_tokens, request.reserve_tokens)  # reserved for good
-        data = self.protocols[endpoint.name].line(request.key, self.route, request.body)
-        spool = self._spool_for(len(data), request.model, endpoint)
-        spool.lines += 1  # its place in the file, kept until the book says it is ours
-        spool.bytes += len(data)
-        if spool.lines >= endpoint.max_requests_per_batch:
-            self._cut(spool, endpoint)
+        (result,) = await self.send_many([request], [attempts])
+        if isinstance(result, RowError):
+            raise result
+        return result
+
+    async def send_many(self, requests: list[RowRequest], attempts: list[Any]
+                        ) -> list[Completion | RowError]:
+        """Each request's outcome, in order: the collected reply, its line's final error, or a
+        deferral (waiting for the batch its line is in, or was put in now)."""
+        results: list[Completion | RowError | None] = [None] * len(requests)
+        lines = await self._lookups.submit([request.key for request in requests])
+        notes: list[tuple[Spool, str, int, bytes]] = []
+        placed: list[int] = []  # the positions of the requests in ``notes``
+        budget, max_attempts = self.budget, self.settings.max_attempts
+        for i, request in enumerate(requests):
+            line, tried = lines[i], attempts[i]
+            endpoint = self.endpoint_for(request.model)
+            assert endpoint is not None  # refused before otherwise
+            tried.endpoint = endpoint.name
+            attempt = 1
+            if line is not None:
+                if line.batch_status not in (COLLECTED, SUBMIT_FAILED):
+                    self.waiting.add(line.submission_id)
+                    own = self._own.get(line.submission_id)  # a row of an earlier slice's key
+                    results[i] = own.deferred if own is not None else self._waiting_error(
+                        line.batch_name, line.batch_status)
+                    continue
+                tried.count = line.attempt
+                if line.state == "ok" and line.response is not None:
+                    self.collected_ok += 1
+                    try:
+                        results[i] = self.parse(line.response.encode(), endpoint=endpoint.name,
+                                                latency_s=line.latency_s)
+                    except RowError as exc:
+                        results[i] = exc
+                    continue
+                if not line.retryable or line.attempt >= max_attempts:
+                    self.collected_failed += 1
+                    tries = "" if not line.retryable else (
+                        f" (after {line.attempt} batch submissions, max_attempts)")
+                    results[i] = RowError(f"{line.error or 'the batch gave no answer'}{tries}",
+                                          error_type=ErrorType(line.error_type or "server_error"))
+                    continue
+                attempt = line.attempt + 1
+            if budget is not None:
+                if not budget.try_reserve(request.reserve_tokens):
+                    results[i] = DeferredError(
+                        f"the token budget ({budget.total}) has {budget.remaining} tokens "
+                        f"left, this request may need {request.reserve_tokens}; a later call "
+                        "will submit it")
+                    continue
+                budget.settle(request.reserve_tokens, request.reserve_tokens)  # for good
+            data = self.protocols[endpoint.name].line(request.key, self.route, request.body)
+            spool = self._spool_for(len(data), request.model, endpoint)
+            spool.lines += 1  # its place in the file, kept until the book says it is ours
+            spool.bytes += len(data)
+            notes.append((spool, request.key, attempt, data))
+            placed.append(i)
+            if spool.lines >= endpoint.max_requests_per_batch:
+                # Its upload task starts after this parcel's notes are handed in below, and
+                # waits for them: the file holds every line given a place in it.
+                self._cut(spool, endpoint)
+        if notes:
+            await self._record_notes(requests, attempts, notes, placed, results)
+        return results  # type: ignore[return-value] - every position is set
+
+    async def _record_notes(self, requests: list[RowRequest], attempts: list[Any],
+                            notes: list[tuple[Spool, str, int, bytes]], placed: list[int],
+                            results: list[Any]) -> None:
         # The key goes in the book first and its line into the file only then (both on the
         # book's thread, in order): from then on a rerun or another run finds the key in this
         # batch and does not submit it again. If another run recorded this attempt of the key
         # first, its batch is the one to wait for.
-        if not await self._notes.submit((spool, request.key, attempt, data)):
-            if budget is not None:
-                budget.spent -= request.reserve_tokens
-            line = await self._lookups.submit(request.key)
+        recorded = await self._notes.submit(notes)
+        lost: list[int] = []
+        for (spool, _key, _attempt, _data), i, mine in zip(notes, placed, recorded, strict=True):
+            if mine:
+                attempts[i].sent = 1
+                results[i] = spool.deferred
+                self.waiting.add(spool.submission_id)
+            else:
+                lost.append(i)
+        self.lines_submitted += len(notes) - len(lost)
+        if not lost:
+            return
+        if self.budget is not None:
+            self.budget.spent -= sum(requests[i].reserve_tokens for i in lost)
+        for i, line in zip(lost, await self._lookups.submit([requests[i].key for i in lost]),
+                           strict=True):
             name = line.batch_name if line is not None else "of another run"
             if line is not None:
                 self.waiting.add(line.submission_id)
-            raise DeferredError(f"waiting for batch {name}, which another run submitted; a "
-                                "later run collects its answers, nothing is submitted again")
-        self.lines_submitted += 1
-        attempts.sent = 1
-        self.waiting.add(spool.submission_id)
-        raise DeferredError(f"{NOT_YET_SUBMITTED}{spool.submission_id}); a later run "
-                            "collects its answers, nothing is submitted again")
+            results[i] = DeferredError(f"waiting for batch {name}, which another run submitted; "
+                                       "a later run collects its answers, nothing is submitted "
+                                       "again")
+
+    def _waiting_error(self, name: str, status: str) -> DeferredError:
+        error = self._waiting_errors.get((name, status))
+        if error is None:
+            error = self._waiting_errors[(name, status)] = waiting_for(name, status)
+        return error
+
+    def _latest_lines(self, keys: list[str]) -> list[Any]:
+        found = self.book.latest_lines(keys)
+        return [found.get(key) for key in keys]
 
     # -- files -------------------------------------------------------------------------------
-    def _spool_for(self, size: int, model: str, endpoint: EndpointSpec) -> _Spool:
+    def _spool_for(self, size: int, model: str, endpoint: EndpointSpec) -> Spool:
         spool = self._spools.get(model)
         if spool is not None and spool.lines and (
                 spool.bytes + size > endpoint.max_bytes_per_batch):
@@ -252,17 +244,17 @@ class BatchDelivery:
             spool = None
         if spool is None:
             assert self._directory is not None
-            spool = self._spools[model] = _Spool(self._directory, model)
+            spool = self._spools[model] = Spool(self._directory, model)
+            self._own[spool.submission_id] = spool
         return spool
 
-    def _note_lines(self, notes: list[tuple[_Spool, str, int, bytes]]
-                    ) -> dict[tuple[_Spool, str, int, bytes], bool]:
+    def _note_lines(self, notes: list[tuple[Spool, str, int, bytes]]) -> list[bool]:
         """On the book's thread: record the keys (each spool's batch row first), then write
-        the lines of the keys recorded here to their files."""
-        by_spool: dict[_Spool, list[tuple[str, int]]] = {}
+        the lines of the keys recorded here to their files; whether each note's key was."""
+        by_spool: dict[Spool, list[tuple[str, int]]] = {}
         for spool, key, attempt, _data in notes:
             by_spool.setdefault(spool, []).append((key, attempt))
-        ours: dict[_Spool, set[str]] = {}
+        ours: dict[Spool, set[str]] = {}
         for spool, keys in by_spool.items():
             if not spool.recorded:
                 endpoint = self.endpoint_for(spool.model)
@@ -274,24 +266,29 @@ class BatchDelivery:
                     "partition_key": self.partition_key, "run_id": self.run_id})
                 spool.recorded = True
             ours[spool] = self.book.add_lines(spool.submission_id, keys)
-        recorded = {}
-        for note in notes:
-            spool, key, _attempt, data = note
-            mine = recorded[note] = key in ours[spool]
+        recorded: list[bool] = []
+        chunks: dict[Spool, list[bytes]] = {spool: [] for spool in by_spool}
+        for spool, key, _attempt, data in notes:
+            mine = key in ours[spool]
+            recorded.append(mine)
             if mine:
-                spool.handle.write(data)
-                spool.written += 1
-                spool.written_bytes += len(data)
+                chunks[spool].append(data)
+        for spool, datas in chunks.items():
+            if datas:
+                block = b"".join(datas)
+                spool.handle.write(block)
+                spool.written += len(datas)
+                spool.written_bytes += len(block)
         return recorded
 
-    def _cut(self, spool: _Spool, endpoint: EndpointSpec) -> None:
+    def _cut(self, spool: Spool, endpoint: EndpointSpec) -> None:
         if self._spools.get(spool.model) is spool:
             del self._spools[spool.model]
         task = asyncio.get_running_loop().create_task(self._submit(spool, endpoint))
         self._uploads.add(task)
         task.add_done_callback(self._uploads.discard)
 
-    async def _submit(self, spool: _Spool, endpoint: EndpointSpec) -> None:
+    async def _submit(self, spool: Spool, endpoint: EndpointSpec) -> None:
         await self._notes.drain()  # every key of the file is in the book, its line written
         spool.handle.close()
         if not spool.written:  # every key was another run's already
@@ -305,7 +302,7 @@ class BatchDelivery:
             self.submitted[spool.submission_id] = await asyncio.to_thread(
                 self._submit_blocking, spool, endpoint)
 
-    def _submit_blocking(self, spool: _Spool, endpoint: EndpointSpec) -> str | None:
+    def _submit_blocking(self, spool: Spool, endpoint: EndpointSpec) -> str | None:
         protocol = self.protocols[endpoint.name]
         sub = spool.submission_id
         self.book.update_batch(sub, lines=spool.written, bytes=spool.written_bytes,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 from .batch_book import BatchBook
@@ -45,6 +46,8 @@ MODES = ("online", "batch_api")
 # larger batches than online's, which bound what a crash loses of answers arriving one by one.
 _PASS_FLUSH_ROWS = 8192
 _WAITING = "waiting for batch"
+# Rows per engine run of a pass (see BatchModeCall._pass).
+_SLICE_ROWS = 16_384
 
 
 def check_mode(mode: str, wait: bool) -> None:
@@ -86,15 +89,13 @@ class BatchModeCall:
             coordinate_runs=False)
 
     async def run(self) -> _Merged:
-        merged: _Merged | None = None
-        rows = None  # positions of the rows this pass covers (None: all)
+        merged = _Merged(len(self.inputs), self.collect_keys)
+        rows: Sequence[int] = range(len(self.inputs))  # the rows this pass covers
         started = time.perf_counter()
         try:
             while True:
                 await self.collector.refresh()
-                frame = self.inputs if rows is None else self.inputs.iloc[rows]
-                run, delivery = await self._pass(frame)
-                merged = _Merged(run) if merged is None else merged.add(run, rows)
+                delivery = await self._pass(rows, merged)
                 if not self.wait or not delivery.waiting:
                     break
                 await self._wait_for(delivery.waiting)
@@ -107,36 +108,54 @@ class BatchModeCall:
         merged.finish(self.settings, time.perf_counter() - started)
         return merged
 
-    async def _pass(self, frame: Any) -> tuple[InferenceRun, BatchDelivery]:
+    async def _pass(self, rows: Sequence[int], merged: _Merged) -> BatchDelivery:
+        """One pass over ``rows``: an engine run per slice of them, over one delivery (so
+        files fill across slices). What an engine run keeps per row until it ends (a deferred
+        row's key and outcome, its dictionaries' slots) is then a slice's, not the table's;
+        a key met again in a later slice finds its line in the book and waits for that
+        batch."""
         task = ChatTask(self.call, default_max_tokens=self.settings.default_max_tokens)
         delivery = BatchDelivery(
             self.settings, self.book, self.protocols, route=task.route, parse=task.parse_reply,
             budget=self.budget, scope=self.call.scope, partition_key=self.call.partition_key,
             run_id=self.run_id, log=self.log)
-        run = InferenceRun(
-            self.pass_settings, self.call, frame, pool=self.client.pool,
-            ledger=self.client.ledger, token_budget=None, partition_key=self.call.partition_key,
-            run_id=self.run_id, scope=self.call.scope, logger=self.log,
-            collect_keys=self.collect_keys, task=task, delivery=delivery)
         try:
-            await run.run()
+            for start in range(0, max(1, len(rows)), _SLICE_ROWS):
+                part = rows[start:start + _SLICE_ROWS]
+                frame = (self.inputs.iloc[part.start:part.stop] if isinstance(part, range)
+                         else self.inputs.iloc[part])
+                run = InferenceRun(
+                    self.pass_settings, self.call, frame, pool=self.client.pool,
+                    ledger=self.client.ledger, token_budget=None,
+                    partition_key=self.call.partition_key, run_id=self.run_id,
+                    scope=self.call.scope, logger=self.log, collect_keys=self.collect_keys,
+                    task=task, delivery=delivery)
+                await run.run()
+                merged.add(run, part)
         except BaseException:
+            await delivery.wait_for_uploads()
             await delivery.discard()
             raise
         await delivery.submit_open_files()
-        await asyncio.to_thread(self._name_batches, run, delivery.submitted)
-        return run, delivery
+        merged.add_endpoints(delivery.snapshot())  # the pass's figures (the runs' are running)
+        await asyncio.to_thread(self._name_batches, merged, rows, delivery.submitted)
+        return delivery
 
-    def _name_batches(self, run: InferenceRun, submitted: dict[str, str | None]) -> None:
+    def _name_batches(self, merged: _Merged, rows: Sequence[int],
+                      submitted: dict[str, str | None]) -> None:
         """Deferred rows of files submitted at the end of the pass name their batch id, in
         the result and in the ledger."""
         renamed: dict[str, str] = {}
-        for row, cell in enumerate(run.errors):
-            if cell is not None and "(file " in cell:
-                new = renamed.get(cell)
-                if new is None:
-                    new = renamed[cell] = batch_name(submitted, cell) or cell
-                run.errors[row] = new
+        errors = merged.errors
+        for row in rows:
+            cell = errors[row]
+            if cell is None:
+                continue
+            new = renamed.get(cell)
+            if new is None:
+                new = renamed[cell] = (batch_name(submitted, cell) or cell
+                                       if "(file " in cell else cell)
+            errors[row] = new
         table = self.client.ledger.table
         with self.client.ledger.engine.begin() as conn:
             for old, new in renamed.items():
@@ -168,34 +187,52 @@ class BatchModeCall:
 
 
 class _Merged:
-    """The rows' outcomes over all passes: each row's from the pass that settled it."""
+    """The rows' outcomes over all passes and slices: each row's from the run that settled
+    it last."""
 
-    def __init__(self, run: InferenceRun):
-        self.outputs, self.errors = run.outputs, run.errors
-        self.error_types, self.row_status = run.error_types, run.row_status
-        self.keys = run.keys
-        self.stats: InferenceStats = run.stats
-        self._latency = (run.stats.latency_p50_s, run.stats.latency_p95_s)
+    def __init__(self, n: int, collect_keys: bool):
+        self.outputs: list[Any] = [None] * n
+        self.errors: list[str | None] = [None] * n
+        self.error_types: dict[int, str] = {}
+        self.row_status = bytearray(n)
+        self.keys: set[str] | None = set() if collect_keys else None
+        self.stats = InferenceStats(rows=n)
+        self._latency: tuple[float | None, float | None] = (None, None)
 
     def waiting_rows(self) -> list[int]:
         deferred = RowStatus.DEFERRED
         return [i for i, status in enumerate(self.row_status)
                 if status == deferred and _WAITING in (self.errors[i] or "")]
 
-    def add(self, run: InferenceRun, rows: list[int] | None) -> _Merged:
-        positions = rows if rows is not None else range(len(self.outputs))
-        for j, i in enumerate(positions):
-            self.outputs[i] = run.outputs[j]
-            self.errors[i] = run.errors[j]
-            self.row_status[i] = run.row_status[j]
-            error_type = run.error_types.get(j)
-            if error_type is None:
-                self.error_types.pop(i, None)
-            else:
-                self.error_types[i] = error_type
+    def add(self, run: InferenceRun, rows: Sequence[int]) -> None:
+        """A run's outcomes, its row ``j`` being row ``rows[j]`` of the table."""
+        error_types = self.error_types
+        if isinstance(rows, range) and rows.step == 1:  # a slice of the table: copied whole
+            a, b = rows.start, rows.stop
+            self.outputs[a:b] = run.outputs
+            self.errors[a:b] = run.errors
+            self.row_status[a:b] = run.row_status
+            if error_types:
+                for i in rows:
+                    error_types.pop(i, None)
+            for j, error_type in run.error_types.items():
+                error_types[a + j] = error_type
+        else:
+            for j, i in enumerate(rows):
+                self.outputs[i] = run.outputs[j]
+                self.errors[i] = run.errors[j]
+                self.row_status[i] = run.row_status[j]
+                error_type = run.error_types.get(j)
+                if error_type is None:
+                    error_types.pop(i, None)
+                else:
+                    error_types[i] = error_type
+        if self.keys is not None and run.keys is not None:
+            self.keys |= run.keys
         s, new = self.stats, run.stats
         s.requests += new.requests
         s.retries += new.retries
+        s.deduplicated += new.deduplicated
         s.prompt_tokens += new.prompt_tokens
         s.completion_tokens += new.completion_tokens
         for model, tokens in new.tokens_by_model.items():
@@ -203,14 +240,16 @@ class _Merged:
                                                         "completion_tokens": 0})
             for name, value in tokens.items():
                 held[name] = held.get(name, 0) + value
-        for name, figures in new.endpoints.items():
-            held = s.endpoints.setdefault(name, {})
-            for counter, value in figures.items():
-                held[counter] = (held.get(counter, 0) + value
-                                 if isinstance(value, int) else value)
         if new.latency_p50_s is not None:
             self._latency = (new.latency_p50_s, new.latency_p95_s)
-        return self
+
+    def add_endpoints(self, figures: dict[str, dict[str, Any]]) -> None:
+        """A pass's figures per endpoint (its delivery's, which every run of it shares)."""
+        for name, counters in figures.items():
+            held = self.stats.endpoints.setdefault(name, {})
+            for counter, value in counters.items():
+                held[counter] = (held.get(counter, 0) + value
+                                 if isinstance(value, int) else value)
 
     def finish(self, settings: Any, elapsed_s: float) -> None:
         s = self.stats

@@ -309,3 +309,25 @@ def test_waiting_logs_each_batch_and_its_request_counts(make_client, caplog):
     assert "1 batches pending: batch_sim" in progress[0]
     assert "lines answered" in progress[0] and "next poll in" in progress[0]
     assert any("collected batch batch_sim" in r.getMessage() for r in caplog.records)
+
+
+def test_a_pass_in_slices_submits_a_key_of_two_slices_once_and_names_its_batch(
+        held, make_client, monkeypatch):
+    from dagster_batchllm.core import batch_mode
+
+    monkeypatch.setattr(batch_mode, "_SLICE_ROWS", 40)  # engine runs of 40 rows, one file
+    client = make_client(held)
+    df = pd.concat([frame(50), frame(50)], ignore_index=True)  # rows 50.. repeat rows 0..
+    first = infer(client, df, wait=False)
+    batch_id = held.batches()[0]["id"]
+    assert first.stats.deferred == 100 and batch_stats(held)["batches_created"] == 1
+    assert first.stats.endpoints["openai"]["requests"] == 50  # counted once, not per slice
+    # A repeated key in a later slice waits for the batch of its first row, named the same.
+    assert (first.df["summary_error"].str.contains(f"waiting for batch {batch_id}")).all()
+
+    held.complete_batches()
+    done = infer(client, df, wait=False)
+    assert done.stats.succeeded == 100 and done.stats.requests == 0
+    assert done.df["summary"].tolist()[:50] == done.df["summary"].tolist()[50:]
+    stats = batch_stats(held)
+    assert stats["lines_ok"] == 50 and stats["line_duplicates"] == 0
