@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from peak_memory import peak_resident_mib
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -48,7 +50,7 @@ def _cpu() -> float:
 
 
 def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    return peak_resident_mib()  # VmHWM: ru_maxrss would be the parent's after exec
 
 
 def _frame(rows: int):
