@@ -29,12 +29,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import tenacity
-
 from .errors import InvalidInputError, RowError, UnsupportedModelError
-from .keyed_writes import MISSING, BackgroundWrites
+from .keyed_writes import MISSING, BackgroundWrites, write_records
 from .ledger import FAILED, OK, Ledger
-from .ledger_writer import database_away
 from .mlflow_models import IN_PROCESS, ResolvedModel, load_model, short_error
 from .predict import PredictCall, PredictTask
 from .prompts import row_tuples
@@ -240,18 +237,6 @@ def _record(key: str, model: str, status: str, call: PredictCall, run_id: str | 
             "error_type": error_type, "prompt_tokens": 0, "completion_tokens": 0,
             "attempts": attempts, "endpoint": endpoint, "latency_ms": latency_ms,
             "run_id": run_id}
-
-
-def write_records(ledger: Ledger, records: list[dict[str, Any]], outage_s: float) -> None:
-    """One upsert; a database that is away (a restart, a cut) is waited for up to
-    ``outage_s``, as the engine's writer does, and then the batch fails (the task's retry
-    scores what was not written)."""
-    for attempt in tenacity.Retrying(
-            stop=tenacity.stop_after_delay(outage_s),
-            wait=tenacity.wait_exponential(multiplier=0.1, max=2.0),
-            retry=tenacity.retry_if_exception(database_away), reraise=True):
-        with attempt:
-            ledger.upsert(records)
 
 
 def _unusable(ref: str, model: ResolvedModel | None) -> RowError:

@@ -20,7 +20,10 @@ import queue
 import threading
 from typing import Any
 
+import tenacity
+
 from .ledger import Ledger
+from .ledger_writer import database_away
 
 MISSING = object()
 
@@ -76,8 +79,6 @@ class BackgroundWrites:
             ) from self._error
 
     def _run(self) -> None:
-        from .keyed_scoring import write_records
-
         while True:
             items = [self._queue.get()]
             # Everything queued meanwhile in the same transaction: fewer waits for the other
@@ -105,3 +106,15 @@ class BackgroundWrites:
                     self._queue.task_done()
             if stop:
                 return
+
+
+def write_records(ledger: Ledger, records: list[dict[str, Any]], outage_s: float) -> None:
+    """One upsert; a database that is away (a restart, a cut) is waited for up to
+    ``outage_s``, as the engine's writer does, and then the batch fails (the task's retry
+    scores what was not written)."""
+    for attempt in tenacity.Retrying(
+            stop=tenacity.stop_after_delay(outage_s),
+            wait=tenacity.wait_exponential(multiplier=0.1, max=2.0),
+            retry=tenacity.retry_if_exception(database_away), reraise=True):
+        with attempt:
+            ledger.upsert(records)
