@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .delivery import Delivery
 
 INVOCATIONS_ROUTE = "/invocations"
-INPUT_FORMATS = ("dataframe_split", "dataframe_records")
+INPUT_FORMATS = ("dataframe_split", "dataframe_records", "inputs")
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,9 @@ class PredictCall:
     error_column: str | None = None
     #: Most rows in one predict() / one /invocations request (None: the model's rows_per_batch).
     rows_per_request: int | None = None
-    #: How a served model gets its rows: MLflow's ``dataframe_split`` or ``dataframe_records``.
+    #: How a served model gets its rows, in MLflow's scoring protocol: ``dataframe_split``,
+    #: ``dataframe_records``, or ``inputs`` (TF-serving's columnar form, ``{"inputs": {column:
+    #: [values]}}``, for models whose signature takes tensors or a dict of columns).
     input_format: str = "dataframe_split"
     scope: str = ""
     partition_key: str = ""
@@ -155,6 +157,9 @@ class PredictTask:
             if self.call.input_format == "dataframe_records":
                 payload = {"dataframe_records": [dict(zip(self.columns, r, strict=True))
                                                  for r in data]}
+            elif self.call.input_format == "inputs":
+                payload = {"inputs": {column: [r[i] for r in data]
+                                      for i, column in enumerate(self.columns)}}
             else:
                 payload = {"dataframe_split": {"columns": self.columns, "data": data}}
             body = json.dumps(payload, ensure_ascii=False, default=str).encode()

@@ -1,7 +1,7 @@
 """predict() against a model served by the real `mlflow models serve` (MLflow's scoring
-protocol, POST /invocations with dataframe_split) through the endpoint pool: many rows per
-request, a bad row fails alone with the server's reason, served and in-process models in one
-call, reruns from the ledger."""
+protocol, POST /invocations with dataframe_split, dataframe_records or inputs) through the
+endpoint pool: many rows per request, a bad row fails alone with the server's reason, served
+and in-process models in one call, reruns from the ledger."""
 
 from __future__ import annotations
 
@@ -41,10 +41,12 @@ def client(server, mlflow_registry, tmp_path):
         yield scoring
 
 
-def test_a_served_model_answers_many_rows_per_request_through_the_pool(client):
+@pytest.mark.parametrize("input_format", ["dataframe_split", "dataframe_records", "inputs"])
+def test_a_served_model_answers_many_rows_per_request_through_the_pool(client, input_format):
     frame = feature_frame(1000, seed=21)
     result = client.predict(frame, model="risk-served", input_columns=FEATURES,
-                            output_column="risk", rows_per_request=200)
+                            output_column="risk", rows_per_request=200,
+                            input_format=input_format)
     assert result.df["risk"].tolist() == fit_risk_model(1).predict(frame).tolist()
     assert result.df["risk_error"].isna().all()
     # 1000 rows in requests of up to 200 (a group not full goes after a few ms' linger)
@@ -52,7 +54,8 @@ def test_a_served_model_answers_many_rows_per_request_through_the_pool(client):
     assert result.stats.endpoints["scoring"]["requests"] == result.stats.requests
     assert result.models["risk-served"]["kind"] == "served"
     again = client.predict(frame, model="risk-served", input_columns=FEATURES,
-                           output_column="risk", rows_per_request=200)
+                           output_column="risk", rows_per_request=200,
+                           input_format=input_format)
     assert again.stats.requests == 0 and again.stats.cached == 1000
 
 
