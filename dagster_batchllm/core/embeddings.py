@@ -66,6 +66,7 @@ class EmbedTask:
             + "\x00").encode("utf-8")
         self._float_models: set[str] = set()  # models whose endpoints refused base64
         self._sizes: dict[str, int] = {}  # model -> vector size seen first (no dimensions=)
+        self._arena = VectorArena()  # where the run's vectors live (see VectorArena)
 
     # -- rows into requests ------------------------------------------------------------------
     def requests(self, rows: Iterator[tuple]) -> Iterator[RowRequest | RowError]:
@@ -173,7 +174,7 @@ class EmbedTask:
             parts.append(Completion(content=content, prompt_tokens=tokens, completion_tokens=0,
                                     usage_reported=reply.usage_reported, finish_reason=None,
                                     latency_s=reply.latency_s))
-        _decode_together([p for p in parts if not isinstance(p, RowError)])
+        _decode_together([p for p in parts if not isinstance(p, RowError)], self._arena)
         return parts
 
     def value(self, content: str) -> np.ndarray:
@@ -281,11 +282,36 @@ def _stored_form(vector: Any) -> tuple[str, int]:
         f"the reply's embedding is {type(vector).__name__}, not a list of numbers or base64")
 
 
-def _decode_together(parts: list[Completion]) -> None:
-    """Decode a reply's vectors in one go: one base64 decode, one float32 matrix, one finite
-    check; each part's payload becomes its row (a writable view of the reply's own matrix;
-    a row's vector is never shared with another's). Parts whose vector is not finite, and
-    replies whose base64 has padding (which cannot be joined), are left to ``value``."""
+class VectorArena:
+    """Blocks of float32 rows that a run's vectors are copied into, each row handed out as a
+    writable view of its own (never shared with another row's).
+
+    Vectors live as long as the result; the JSON text and records they are decoded from live
+    a moment. Allocated one by one, a vector's 1.5 KB sits on the heap between short-lived
+    strings, and the heap cannot give that memory back; a block of ``rows_per_block`` vectors
+    is one allocation of megabytes, which the allocator maps on its own. Peak memory then
+    grows by a vector and its view per row, not by that and the fragments around it."""
+
+    def __init__(self, rows_per_block: int = 4096):
+        self.rows_per_block = rows_per_block
+        self._block: np.ndarray | None = None
+        self._used = 0
+
+    def take(self, rows: int, size: int) -> np.ndarray:
+        """``rows`` fresh rows of ``size`` components (uninitialised)."""
+        block = self._block
+        if block is None or block.shape[1] != size or self._used + rows > len(block):
+            block = self._block = np.empty((max(rows, self.rows_per_block), size), np.float32)
+            self._used = 0
+        start, self._used = self._used, self._used + rows
+        return block[start:self._used]
+
+
+def _decode_together(parts: list[Completion], arena: VectorArena) -> None:
+    """Decode a reply's vectors in one go: one base64 decode, one copy into the run's arena,
+    one finite check; each part's payload becomes its row there. Parts whose vector is not
+    finite, and replies whose base64 has padding (which cannot be joined), are left to
+    ``value``."""
     if len(parts) < 2 or any(p.content.endswith("=") for p in parts):
         return
     try:
@@ -295,7 +321,8 @@ def _decode_together(parts: list[Completion]) -> None:
     size = len(raw) // (4 * len(parts))
     if size * 4 * len(parts) != len(raw):
         return
-    matrix = np.frombuffer(raw, dtype=_STORED_DTYPE).astype(np.float32).reshape(len(parts), size)
+    matrix = arena.take(len(parts), size)
+    matrix[:] = np.frombuffer(raw, dtype=_STORED_DTYPE).reshape(len(parts), size)
     finite = np.isfinite(matrix).all(axis=1)
     for part, row, ok in zip(parts, matrix, finite, strict=True):
         if ok:
