@@ -37,6 +37,7 @@ from .errors import (
     RowError,
 )
 from .grouping import GroupingDelivery
+from .journal import JsonSafeText
 from .prompts import RowRequest, cell_text, render_template
 from .transport import EMBEDDINGS_ROUTE, Completion
 
@@ -314,10 +315,16 @@ def _decode_together(parts: list[Completion], arena: VectorArena) -> None:
     ``value``."""
     if len(parts) < 2 or any(p.content.endswith("=") for p in parts):
         return
-    try:
-        raw = binascii.a2b_base64("".join(p.content for p in parts))
+    joined = "".join(p.content for p in parts)
+    try:  # strict: only the base64 alphabet, so the texts need no escaping in the journal
+        raw = binascii.a2b_base64(joined, strict_mode=True)
+        safe = True
     except (binascii.Error, ValueError):
-        return  # value() says which vector is broken
+        try:
+            raw = binascii.a2b_base64(joined)
+        except (binascii.Error, ValueError):
+            return  # value() says which vector is broken
+        safe = False
     size = len(raw) // (4 * len(parts))
     if size * 4 * len(parts) != len(raw):
         return
@@ -327,6 +334,8 @@ def _decode_together(parts: list[Completion], arena: VectorArena) -> None:
     for part, row, ok in zip(parts, matrix, finite, strict=True):
         if ok:
             part.payload = row
+            if safe:
+                part.content = JsonSafeText(part.content)
 
 
 def _token_shares(total: int, weights: list[int]) -> list[int]:

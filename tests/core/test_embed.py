@@ -260,3 +260,31 @@ def test_a_model_column_naming_an_embedding_model_fails_those_rows_in_infer(fres
         result = client.infer(df, prompt="Say {text}", model_column="m", max_tokens=8)
     assert result.error_types.tolist() == [None, "unsupported_model"]
     assert "not served on /chat/completions" in result.df["output_error"][1]
+
+
+def test_only_strict_base64_replies_are_marked_safe_for_the_journal():
+    from dagster_batchllm.core.embed_call import EmbedCall
+    from dagster_batchllm.core.embeddings import EmbedTask
+    from dagster_batchllm.core.journal import JsonSafeText
+    from dagster_batchllm.core.transport import Completion
+
+    task = EmbedTask(EmbedCall(input_column="text", model="m"))
+    items = list(task.requests(iter([("a",), ("b",)])))
+    vectors = [np.array([1.0, 2.0, 3.0], "<f4"), np.array([4.0, 5.0, 6.0], "<f4")]
+    texts = [base64.b64encode(v.tobytes()).decode() for v in vectors]
+
+    def split(payload):
+        reply = Completion(content="", prompt_tokens=2, completion_tokens=0,
+                           usage_reported=True, finish_reason=None, latency_s=0.0,
+                           payload=payload)
+        return task.split_reply(reply, items)
+
+    parts = split(texts)
+    assert all(type(p.content) is JsonSafeText for p in parts)
+    assert [task.reply_value(p, i).tolist() for p, i in zip(parts, items, strict=True)] == \
+        [v.tolist() for v in vectors]
+    # A character outside the base64 alphabet: nothing of that reply is marked safe (the
+    # journal escapes it as any text), and the good vector still decodes on its own.
+    parts = split([texts[0][:4] + '"' + texts[0][5:], texts[1]])
+    assert [type(p.content) for p in parts] == [str, str]
+    assert task.reply_value(parts[1], items[1]).tolist() == vectors[1].tolist()

@@ -23,3 +23,17 @@ def test_a_large_append_is_written_in_pieces_and_reads_back_whole(tmp_path):
     assert read_records(journal.path) == [*records, _record(count)]
     journal.close(remove=True)
     assert not journal.path.exists()
+
+
+def test_json_safe_text_goes_in_as_it_is_and_other_text_is_escaped(tmp_path):
+    from dagster_batchllm.core.journal import JsonSafeText
+
+    journal = AnswerJournal(tmp_path)
+    vector_text = JsonSafeText("AACAPwAAAEA=")  # base64: nothing to escape
+    records = [_record(0), _record(1, response=vector_text) | {"response": vector_text},
+               _record(2) | {"response": 'a "quoted"\nline\\'}]
+    journal.append_many(records)
+    raw = journal.path.read_text()
+    assert '"AACAPwAAAEA="' in raw and '\\"quoted\\"\\nline\\\\' in raw
+    assert read_records(journal.path) == records
+    journal.close(remove=True)
