@@ -33,6 +33,7 @@ from typing import Any
 from .batch_book import COLLECTED, SUBMIT_FAILED, BatchBook, owner_id
 from .batch_protocol import BatchProtocol
 from .batch_spool import NOT_YET_SUBMITTED, Gatherer, Spool, waiting_for
+from .delivery import SendsParcels
 from .errors import DeferredError, ErrorType, RowError, UnsupportedModelError
 from .limits import TokenBudget
 from .prompts import RowRequest
@@ -46,7 +47,7 @@ _PER_SEND = 1000
 _UPLOADS_AT_ONCE = 2
 
 
-class BatchDelivery:
+class BatchDelivery(SendsParcels):
     """A :class:`~.delivery.Delivery` that submits requests as offline batch lines."""
 
     #: Its answers are in the batch book before the engine sees them: a run killed before
@@ -127,12 +128,6 @@ class BatchDelivery:
                              "failed": self.collected_failed, "mode": "batch_api",
                              "batches_submitted": len(self.submitted)}
         return figures
-
-    async def send(self, request: RowRequest, attempts: Any) -> Completion:
-        (result,) = await self.send_many([request], [attempts])
-        if isinstance(result, RowError):
-            raise result
-        return result
 
     async def send_many(self, requests: list[RowRequest], attempts: list[Any]
                         ) -> list[Completion | RowError]:

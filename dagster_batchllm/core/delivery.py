@@ -67,6 +67,17 @@ class Delivery(Protocol):
         ...
 
 
+class SendsParcels:
+    """``send`` for a delivery whose real entry is ``send_many`` (one that takes
+    ``items_per_send`` items at once): one request as a parcel of one."""
+
+    async def send(self, request: RowRequest, attempts: Any) -> Completion:
+        (result,) = await self.send_many([request], [attempts])
+        if isinstance(result, RowError):
+            raise result
+        return result
+
+
 class OnlineDelivery:
     """Each request sent now over HTTP to the least-loaded endpoint, retried as the policy says."""
 

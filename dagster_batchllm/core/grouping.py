@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from .delivery import Attempts, SendsParcels
 from .errors import ErrorType, InternalError, RowError
 from .prompts import RowRequest
 from .transport import Completion
@@ -89,7 +90,7 @@ class _Group:
         self.timer: asyncio.TimerHandle | None = None
 
 
-class GroupingDelivery:
+class GroupingDelivery(SendsParcels):
     """A :class:`~.delivery.Delivery` that sends items in groups through ``inner``."""
 
     def __init__(self, inner: Any, task: GroupedTask, *, linger_s: float = 0.005):
@@ -135,12 +136,6 @@ class GroupingDelivery:
         return self.task.items_per_request
 
     # -- gathering ---------------------------------------------------------------------------
-    async def send(self, request: RowRequest, attempts: Any) -> Completion:
-        (result,) = await self.send_many([request], [attempts])
-        if isinstance(result, RowError):
-            raise result
-        return result
-
     async def send_many(self, requests: list[RowRequest], attempts: list[Any]
                         ) -> list[Completion | RowError]:
         """The reply (or the final error) of each of ``requests``, in order; each item's
@@ -185,8 +180,6 @@ class GroupingDelivery:
     # -- sending -----------------------------------------------------------------------------
     async def _deliver(self, items: list[RowRequest], waiters: list[_Slot]) -> None:
         """Send ``items`` as one request and settle every waiter; split on an item's error."""
-        from .delivery import Attempts
-
         attempts = Attempts()
         try:
             reply = await self.inner.send(self.task.group_request(items), attempts)
