@@ -268,19 +268,7 @@ class _Merged:
         s.elapsed_s = elapsed_s
         s.mode = "batch_api"
         s.online_cost_usd = estimate_cost(settings, s.tokens_by_model)
-        s.estimated_cost_usd = batch_cost(settings, s.tokens_by_model)
+        s.estimated_cost_usd = estimate_cost(settings, s.tokens_by_model, batch=True)
 
 
-def batch_cost(settings: Any, tokens_by_model: dict[str, dict[str, int]]) -> float | None:
-    """What the tokens cost at each model's batch price."""
-    total = None
-    for model, tokens in tokens_by_model.items():
-        price = settings.batch_price_for(model)
-        if price is None:
-            continue
-        total = (total or 0.0) + (tokens["prompt_tokens"] * price[0]
-                                  + tokens["completion_tokens"] * price[1]) / 1e6
-    return round(total, 6) if total is not None else None
-
-
-__all__ = ["MODES", "BatchModeCall", "batch_cost", "check_mode"]
+__all__ = ["MODES", "BatchModeCall", "check_mode"]

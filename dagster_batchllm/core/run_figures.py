@@ -60,11 +60,14 @@ def finish_stats(stats: InferenceStats, row_status: bytearray, latencies: Sequen
         stats.latency_p95_s = round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))], 4)
 
 
-def estimate_cost(settings: InferenceSettings,
-                  tokens_by_model: dict[str, dict[str, int]]) -> float | None:
+def estimate_cost(settings: InferenceSettings, tokens_by_model: dict[str, dict[str, int]],
+                  *, batch: bool = False) -> float | None:
+    """What the tokens cost at each model's online price (``batch``: its batch price); None
+    when no model has a price."""
+    price_for = settings.batch_price_for if batch else settings.price_for
     total = None
     for model, tokens in tokens_by_model.items():
-        price = settings.price_for(model)
+        price = price_for(model)
         if price is None:
             continue
         total = (total or 0.0) + (tokens["prompt_tokens"] * price[0]
