@@ -274,8 +274,9 @@ class Ledger:
         return found
 
     def _ok_rows(self, conn: sa.Connection, columns: Sequence[str], keys: list[str],
-                 group_by: str = "") -> list[tuple]:
-        """``SELECT <columns> ... WHERE request_key IN <keys> AND status = 'ok'``.
+                 per_key_and_model: bool = False) -> list[tuple]:
+        """``SELECT <columns> ... WHERE request_key IN <keys> AND status = 'ok'`` (grouped by
+        key and model with ``per_key_and_model``, for aggregate columns).
 
         On SQLite and PostgreSQL the keys go as ONE parameter (a JSON array read by
         ``json_each``; an array; see `KeyList`)."""
@@ -286,6 +287,7 @@ class Ledger:
             # SQLite: the + keeps the planner off the status index (a scan of every ok record)
             # and on the primary key, which starts with request_key.
             status = "+status" if self.engine.dialect.name == "sqlite" else "status"
+            group_by = " GROUP BY request_key, model" if per_key_and_model else ""
             sql = (f"SELECT {', '.join(columns)} FROM {table} WHERE request_key "
                    f"{key_list.keys_in} AND {status} = '{OK}'{group_by}")
             for batch in key_list.batches(keys):
@@ -293,7 +295,7 @@ class Ledger:
         else:
             t = self.table
             query = sa.select(*(sa.literal_column(c) for c in columns)).select_from(t)
-            if group_by:
+            if per_key_and_model:
                 query = query.group_by(t.c.request_key, t.c.model)
             for start in range(0, len(keys), _LOOKUP_BATCH):
                 rows += conn.execute(query.where(
@@ -356,7 +358,7 @@ class Ledger:
         with self.engine.connect() as conn:
             rows = self._ok_rows(
                 conn, ("model", "MAX(prompt_tokens)", "MAX(completion_tokens)"), keys,
-                group_by=" GROUP BY request_key, model")
+                per_key_and_model=True)
         for model, prompt_tokens, completion_tokens in rows:
             model_totals = totals.setdefault(
                 model, {"answers": 0, "prompt_tokens": 0, "completion_tokens": 0})
