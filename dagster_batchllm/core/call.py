@@ -22,12 +22,13 @@ import json
 import numbers
 import string
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import InferenceConfigError, InvalidInputError
 from .images import DEFAULT_MAX_IMAGE_BYTES, IMAGE_DETAILS, image_columns
 from .ledger import validate_identifier
+from .settings import described
 
 # The OpenAI chat parameters a call may set besides max_tokens and temperature.
 GENERATION_PARAMS = (
@@ -36,54 +37,51 @@ GENERATION_PARAMS = (
 )
 
 
-def _field(default: Any, description: str) -> Any:
-    return field(default=default, metadata={"description": description})
-
-
 @dataclass(frozen=True)
 class InferenceCall:
     """What to send for each row and where the answers go."""
 
-    prompt: str | None = _field(
-        None, "A prompt template over the input's columns, e.g. 'Summarize: {text}' "
-        "(literal braces as {{ and }}).")
-    prompt_column: str | None = _field(None, "A column holding each row's whole prompt.")
-    messages_column: str | None = _field(
-        None, "A column holding each row's chat messages: a list of {role, content} or its JSON.")
-    system: str | None = _field(
-        None, "A system prompt, a template over the input's columns like prompt.")
-    model: str | None = _field(
-        None, "The model for every row; by default the resource's default_model.")
-    model_column: str | None = _field(None, "A column naming each row's model.")
-    output_column: str = _field(
-        "output", "The column that receives the answers (errors go to <column>_error).")
-    error_column: str | None = _field(None, "The error column; by default <output_column>_error.")
-    max_tokens: int | None = _field(
-        None, "Most completion tokens per row; by default the resource's default_max_tokens.")
-    temperature: float | None = _field(None, "Sampling temperature.")
-    generation_params: Mapping[str, Any] = field(
-        default_factory=dict, metadata={"description": "Other OpenAI chat parameters: top_p, "
-                                        "stop, seed, presence_penalty, frequency_penalty, ..."})
-    response_format: Mapping[str, Any] | None = _field(
-        None, "A JSON schema (or an OpenAI response_format): replies are parsed and validated "
-        "per row.")
-    cells_as_text: bool = _field(
-        False, "Render numbers, booleans, timestamps and UTF-8 bytes in prompt cells as text; "
-        "by default such a cell is a per-row error (it is usually the wrong column).")
-    images: str | list[str] | None = _field(
-        None, "A column (or list of columns) of images sent with each row's prompt: bytes, "
+    prompt: str | None = described(
+        "A prompt template over the input's columns, e.g. 'Summarize: {text}' "
+        "(literal braces as {{ and }}).", None)
+    prompt_column: str | None = described("A column holding each row's whole prompt.", None)
+    messages_column: str | None = described(
+        "A column holding each row's chat messages: a list of {role, content} or its JSON.", None)
+    system: str | None = described(
+        "A system prompt, a template over the input's columns like prompt.", None)
+    model: str | None = described(
+        "The model for every row; by default the resource's default_model.", None)
+    model_column: str | None = described("A column naming each row's model.", None)
+    output_column: str = described(
+        "The column that receives the answers (errors go to <column>_error).", "output")
+    error_column: str | None = described(
+        "The error column; by default <output_column>_error.", None)
+    max_tokens: int | None = described(
+        "Most completion tokens per row; by default the resource's default_max_tokens.", None)
+    temperature: float | None = described("Sampling temperature.", None)
+    generation_params: Mapping[str, Any] = described(
+        "Other OpenAI chat parameters: top_p, stop, seed, presence_penalty, "
+        "frequency_penalty, ...", default_factory=dict)
+    response_format: Mapping[str, Any] | None = described(
+        "A JSON schema (or an OpenAI response_format): replies are parsed and validated "
+        "per row.", None)
+    cells_as_text: bool = described(
+        "Render numbers, booleans, timestamps and UTF-8 bytes in prompt cells as text; "
+        "by default such a cell is a per-row error (it is usually the wrong column).", False)
+    images: str | list[str] | None = described(
+        "A column (or list of columns) of images sent with each row's prompt: bytes, "
         "local file paths or http(s) URLs (a cell may hold a list of them, e.g. a document's "
-        "pages). Bytes and files are sent as data: URIs (PNG, JPEG, WebP or GIF).")
-    image_detail: str = _field(
-        "auto", "OpenAI's image detail: 'auto' (not sent; budgeted as 'high'), 'low' (85 "
-        "tokens an image) or 'high' (85 + 170 per 512-pixel tile).")
-    max_image_bytes: int = _field(
-        DEFAULT_MAX_IMAGE_BYTES, "Largest image a row may send, in bytes (OpenAI's limit, "
-        "20 MiB, by default); a larger one is a per-row error.")
-    token_budget: int | None = _field(
-        None, "Most tokens this call may spend; rows past it are deferred to a later call.")
-    scope: str = _field("", "The ledger scope of the rows (an asset's key).")
-    partition_key: str = _field("", "The ledger partition of the rows.")
+        "pages). Bytes and files are sent as data: URIs (PNG, JPEG, WebP or GIF).", None)
+    image_detail: str = described(
+        "OpenAI's image detail: 'auto' (not sent; budgeted as 'high'), 'low' (85 "
+        "tokens an image) or 'high' (85 + 170 per 512-pixel tile).", "auto")
+    max_image_bytes: int = described(
+        "Largest image a row may send, in bytes (OpenAI's limit, "
+        "20 MiB, by default); a larger one is a per-row error.", DEFAULT_MAX_IMAGE_BYTES)
+    token_budget: int | None = described(
+        "Most tokens this call may spend; rows past it are deferred to a later call.", None)
+    scope: str = described("The ledger scope of the rows (an asset's key).", "")
+    partition_key: str = described("The ledger partition of the rows.", "")
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalized values are set once, here

@@ -19,12 +19,13 @@ import hashlib
 import json
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .call import check_template, template_fields
 from .errors import InferenceConfigError
 from .ledger import validate_identifier
+from .settings import described
 
 # OpenAI takes up to 2048 inputs per request; vLLM and TEI batch whatever they are sent.
 MAX_INPUTS_PER_REQUEST = 2048
@@ -33,42 +34,40 @@ MAX_INPUTS_PER_REQUEST = 2048
 DEFAULT_MAX_REQUEST_TOKENS = 65_536
 
 
-def _field(default: Any, description: str) -> Any:
-    return field(default=default, metadata={"description": description})
-
-
 @dataclass(frozen=True)
 class EmbedCall:
     """Which text of each row to embed, with what, and where the vectors go."""
 
-    input: str | None = _field(
-        None, "A template over the input's columns giving the text to embed, e.g. "
-        "'{title}: {body}' (literal braces as {{ and }}).")
-    input_column: str | None = _field(None, "A column holding each row's text as it is.")
-    model: str | None = _field(
-        None, "The embedding model (as in an Endpoint's embedding_models); by default the only "
-        "one served.")
-    output_column: str = _field(
-        "embedding", "The column that receives the vectors (errors go to <column>_error).")
-    error_column: str | None = _field(None, "The error column; by default <output_column>_error.")
-    dimensions: int | None = _field(
-        None, "Vector size to ask for (models that support it, e.g. OpenAI's text-embedding-3); "
-        "None: the model's own size.")
-    inputs_per_request: int = _field(64, "Most inputs sent in one request.")
-    max_request_tokens: int | None = _field(
-        DEFAULT_MAX_REQUEST_TOKENS, "Most tokens one request's inputs may hold together, "
-        "counted as an upper bound (one per UTF-8 byte); a request closes early at it.")
-    max_input_tokens: int | None = _field(
-        None, "Longest input, in estimated tokens (4 characters each), sent at all; longer "
+    input: str | None = described(
+        "A template over the input's columns giving the text to embed, e.g. "
+        "'{title}: {body}' (literal braces as {{ and }}).", None)
+    input_column: str | None = described("A column holding each row's text as it is.", None)
+    model: str | None = described(
+        "The embedding model (as in an Endpoint's embedding_models); by default the only "
+        "one served.", None)
+    output_column: str = described(
+        "The column that receives the vectors (errors go to <column>_error).", "embedding")
+    error_column: str | None = described(
+        "The error column; by default <output_column>_error.", None)
+    dimensions: int | None = described(
+        "Vector size to ask for (models that support it, e.g. OpenAI's text-embedding-3); "
+        "None: the model's own size.", None)
+    inputs_per_request: int = described("Most inputs sent in one request.", 64)
+    max_request_tokens: int | None = described(
+        "Most tokens one request's inputs may hold together, "
+        "counted as an upper bound (one per UTF-8 byte); a request closes early at it.",
+        DEFAULT_MAX_REQUEST_TOKENS)
+    max_input_tokens: int | None = described(
+        "Longest input, in estimated tokens (4 characters each), sent at all; longer "
         "inputs fail as rows before sending. By default the endpoints' max_context_tokens, "
-        "where they set it, and otherwise the server decides.")
-    cells_as_text: bool = _field(
-        False, "Render numbers, booleans, timestamps and UTF-8 bytes as text; by default such "
-        "a cell is a per-row error.")
-    token_budget: int | None = _field(
-        None, "Most tokens this call may spend; rows past it are deferred to a later call.")
-    scope: str = _field("", "The ledger scope of the rows (an asset's key).")
-    partition_key: str = _field("", "The ledger partition of the rows.")
+        "where they set it, and otherwise the server decides.", None)
+    cells_as_text: bool = described(
+        "Render numbers, booleans, timestamps and UTF-8 bytes as text; by default such "
+        "a cell is a per-row error.", False)
+    token_budget: int | None = described(
+        "Most tokens this call may spend; rows past it are deferred to a later call.", None)
+    scope: str = described("The ledger scope of the rows (an asset's key).", "")
+    partition_key: str = described("The ledger partition of the rows.", "")
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalized values are set once, here
