@@ -20,10 +20,10 @@ from .call import InferenceCall
 from .embed_call import EmbedCall
 from .embed_client import embed_frame, estimate_embeddings
 from .engine import InferenceRun
-from .errors import InferenceConfigError, RowError
+from .errors import InferenceConfigError
 from .ledger import Ledger
 from .pool import EndpointPool
-from .prompts import iter_row_requests, row_tuples
+from .prompts import distinct_requests, iter_row_requests, row_tuples
 from .results import InferenceEstimate, InferenceResult
 from .run_figures import estimate_cost
 from .settings import InferenceSettings
@@ -159,16 +159,9 @@ class InferenceClient:
             raise InferenceConfigError(f"task must be 'chat' or 'embed', got {task!r}")
         call = self._bind(df, call, call_fields)
         rows = row_tuples(df[call.input_columns()])
-        distinct: dict[str, Any] = {}
-        invalid = duplicates = 0
-        for item in iter_row_requests(rows, call,
-                                      default_max_tokens=self.settings.default_max_tokens):
-            if isinstance(item, RowError) or not self.pool.serves(item.model):
-                invalid += 1
-            elif item.key in distinct:
-                duplicates += 1
-            else:
-                distinct[item.key] = item
+        distinct, invalid, duplicates = distinct_requests(
+            iter_row_requests(rows, call, default_max_tokens=self.settings.default_max_tokens),
+            usable=lambda item: self.pool.serves(item.model))
         hits = self.ledger.lookup_ok(list(distinct), call.partition_key, call.scope)
         answered = 0
         tokens_by_model: dict[str, dict[str, int]] = {}

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from .embed_call import EmbedCall
 from .embeddings import EmbedTask
 from .engine import InferenceRun
-from .errors import InferenceConfigError, RowError
-from .prompts import row_tuples
+from .errors import InferenceConfigError
+from .prompts import distinct_requests, row_tuples
 from .results import InferenceEstimate, InferenceResult
 from .run_figures import estimate_cost
 
@@ -78,15 +78,8 @@ def estimate_embeddings(client: InferenceClient, df: Any, call: EmbedCall | None
     counts requests of ``inputs_per_request`` inputs (fewer where the token cap closes one)."""
     call = bind_embed_call(client, df, call, fields)
     task = EmbedTask(call)
-    distinct: dict[str, Any] = {}
-    invalid = duplicates = 0
-    for item in task.requests(row_tuples(df[call.input_columns()])):
-        if isinstance(item, RowError):
-            invalid += 1
-        elif item.key in distinct:
-            duplicates += 1
-        else:
-            distinct[item.key] = item
+    distinct, invalid, duplicates = distinct_requests(
+        task.requests(row_tuples(df[call.input_columns()])))
     hits = client.ledger.lookup_ok(list(distinct), call.partition_key, call.scope)
     missing = [item for key, item in distinct.items() if key not in hits]
     prompt_tokens = sum(item.typical_prompt_tokens for item in missing)

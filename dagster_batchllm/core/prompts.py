@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,23 @@ def row_tuples(frame: Any) -> Iterator[tuple]:
     if len(frame.columns) == 0:
         return iter([()] * len(frame))
     return frame.itertuples(index=False, name=None)
+
+
+def distinct_requests(items: Iterator[RowRequest | RowError],
+                      usable: Callable[[RowRequest], bool] | None = None,
+                      ) -> tuple[dict[str, RowRequest], int, int]:
+    """What a dry run counts: the distinct requests by key (in order), the rows that cannot
+    be sent (a row error, or not ``usable``), and the rows that repeat an earlier request."""
+    distinct: dict[str, RowRequest] = {}
+    invalid = duplicates = 0
+    for item in items:
+        if isinstance(item, RowError) or (usable is not None and not usable(item)):
+            invalid += 1
+        elif item.key in distinct:
+            duplicates += 1
+        else:
+            distinct[item.key] = item
+    return distinct, invalid, duplicates
 
 
 def iter_row_requests(
