@@ -39,7 +39,7 @@ from .errors import (
 from .grouping import GroupingDelivery
 from .journal import JsonSafeText
 from .prompts import RowRequest, cell_text, render_template
-from .transport import EMBEDDINGS_ROUTE, Completion
+from .transport import EMBEDDINGS_ROUTE, Completion, json_reply
 
 # What one input adds to a request's token bound besides its bytes (a BOS/EOS pair or so).
 _TOKENS_PER_INPUT = 4
@@ -122,13 +122,7 @@ class EmbedTask:
     def parse_reply(raw: bytes, *, endpoint: str, latency_s: float) -> Completion:
         """A 200 reply of ``/embeddings``: its vectors (base64 strings or lists of numbers) in
         input order, as the Completion's payload, and its usage."""
-        try:
-            payload = json.loads(raw)
-        except ValueError:
-            snippet = raw[:120].decode("utf-8", "replace")
-            raise MalformedResponseError(
-                f"endpoint '{endpoint}' answered 200 with a body that is not JSON: "
-                f"{snippet!r}") from None
+        payload = json_reply(raw, endpoint)
         data = payload.get("data") if isinstance(payload, dict) else None
         if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
             keys = sorted(payload)[:8] if isinstance(payload, dict) else type(payload).__name__

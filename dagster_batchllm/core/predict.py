@@ -25,7 +25,7 @@ from .mlflow_models import SERVED, ResolvedModel
 from .prompts import RowRequest
 from .results import InferenceResult
 from .scoring import ScoringRouter, plain_value
-from .transport import Completion
+from .transport import Completion, json_reply
 
 if TYPE_CHECKING:
     from .delivery import Delivery
@@ -189,12 +189,7 @@ class PredictTask:
 
     def parse_reply(self, raw: bytes, *, endpoint: str, latency_s: float) -> Completion:
         """A served model's ``{"predictions": [...]}`` (or a bare list)."""
-        try:
-            payload = json.loads(raw)
-        except ValueError:
-            raise MalformedResponseError(
-                f"endpoint '{endpoint}' answered 200 with a body that is not JSON: "
-                f"{raw[:120].decode('utf-8', 'replace')!r}") from None
+        payload = json_reply(raw, endpoint)
         predictions = payload.get("predictions") if isinstance(payload, dict) else payload
         if not isinstance(predictions, list):
             keys = sorted(payload)[:8] if isinstance(payload, dict) else type(payload).__name__

@@ -84,15 +84,21 @@ def parse_retry_after(headers: Any) -> float | None:
         return max(0.0, parsed.timestamp() - time.time())
 
 
-def parse_completion(raw: bytes, *, endpoint: str, latency_s: float) -> Completion:
-    """Read a 200 reply; anything but a usable completion is a ``MalformedResponseError``."""
+def json_reply(raw: bytes, endpoint: str) -> Any:
+    """A 200 reply's JSON body; a body that is not JSON is a ``MalformedResponseError``
+    quoting its start (every route's parser begins here)."""
     try:
-        payload = json.loads(raw)
+        return json.loads(raw)
     except ValueError:
         snippet = raw[:120].decode("utf-8", "replace")
         raise MalformedResponseError(
             f"endpoint '{endpoint}' answered 200 with a body that is not JSON: {snippet!r}"
         ) from None
+
+
+def parse_completion(raw: bytes, *, endpoint: str, latency_s: float) -> Completion:
+    """Read a 200 reply; anything but a usable completion is a ``MalformedResponseError``."""
+    payload = json_reply(raw, endpoint)
     if not isinstance(payload, dict):
         raise MalformedResponseError(f"endpoint '{endpoint}' answered 200 with a non-object body")
     choices = payload.get("choices")
