@@ -19,7 +19,7 @@ from ..ai_functions.calls import sendable
 from ..core.embed_call import EmbedCall
 from ..core.settings import InferenceSettings
 from .job import ERROR_COLUMN, ERROR_FIELD, OUTPUT_COLUMN, RESULT_FIELD
-from .worker import client_for, count_batch, raise_if_failed
+from .worker import batch_column, client_for
 
 TEXT_COLUMN = "text"
 VECTOR_DDL = "array<float>"
@@ -61,12 +61,7 @@ def run_embed(job: EmbedJob, struct: bool, texts: pd.Series, model: str | None =
         for pos, vector, error in zip(present.nonzero()[0], result.df[OUTPUT_COLUMN],
                                       result.df[ERROR_COLUMN], strict=True):
             outputs[pos], errors[pos] = vector, error
-    count_batch(n)
-    if job.fail_on_error:
-        raise_if_failed(errors)
-    if struct:
-        return pd.DataFrame({RESULT_FIELD: outputs, ERROR_FIELD: errors})
-    return pd.Series(outputs, dtype=object)
+    return batch_column(outputs, errors, fail_on_error=job.fail_on_error, struct=struct)
 
 
 # -- the functions Spark pickles (closures over plain data, as in .worker) ---------------------

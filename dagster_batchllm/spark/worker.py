@@ -108,12 +108,7 @@ def run_scalar(job: SparkJob, struct: bool, models: pd.Series, prompts: pd.Serie
         for pos, out, err in zip(positions, answered, failed, strict=True):
             outputs[pos] = as_sql_text(out)
             errors[pos] = err
-    count_batch(n)
-    if job.fail_on_error:
-        raise_if_failed(errors)
-    if struct:
-        return pd.DataFrame({RESULT_FIELD: outputs, ERROR_FIELD: errors})
-    return pd.Series(outputs, dtype=object)
+    return batch_column(outputs, errors, fail_on_error=job.fail_on_error, struct=struct)
 
 
 def run_group(job: SparkJob, pdf: pd.DataFrame, *, model_column: str, output_column: str,
@@ -230,6 +225,18 @@ def as_sql_text(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
     return json.dumps(value, ensure_ascii=False)
+
+
+def batch_column(outputs: list[Any], errors: list[str | None], *, fail_on_error: bool,
+                 struct: bool) -> pd.Series | pd.DataFrame:
+    """A pandas UDF's answer for one Arrow batch (counted): the values, or the result and
+    errorMessage struct; with ``fail_on_error`` a failed row fails the batch instead."""
+    count_batch(len(outputs))
+    if fail_on_error:
+        raise_if_failed(errors)
+    if struct:
+        return pd.DataFrame({RESULT_FIELD: outputs, ERROR_FIELD: errors})
+    return pd.Series(outputs, dtype=object)
 
 
 def raise_if_failed(errors: list[str | None]) -> None:
