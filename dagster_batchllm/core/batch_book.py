@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
-from .ledger import Ledger
+from .ledger import KeyList, Ledger
 
 SUBMITTING, COLLECTING, COLLECTED, SUBMIT_FAILED = (
     "submitting", "collecting", "collected", "submit_failed")
@@ -69,7 +69,9 @@ class LineState(NamedTuple):
     batch_status: str
     attempt: int
     state: str
-    response: str | None
+    content: str | None  # an answered line's reply text
+    finish_reason: str | None
+    response: str | None  # the reply body, on lines answered before ``content`` was kept
     prompt_tokens: int
     completion_tokens: int
     error: str | None
@@ -124,9 +126,14 @@ def _tables(ledger_table: str) -> tuple[sa.Table, sa.Table]:
         sa.Column("attempt", sa.Integer, primary_key=True),
         sa.Column("submission_id", sa.String(40), nullable=False),
         sa.Column("state", sa.String(16), nullable=False),
-        sa.Column("response", sa.Text),
+        # An answered line's reply as read when its batch was collected (its text, usage and
+        # finish reason), so the pass that hands it to the engine parses nothing again.
+        sa.Column("content", sa.Text),
+        sa.Column("finish_reason", sa.String(32)),
         sa.Column("prompt_tokens", sa.Integer, nullable=False, default=0),
         sa.Column("completion_tokens", sa.Integer, nullable=False, default=0),
+        # The whole reply body: what books made before ``content`` hold for answered lines.
+        sa.Column("response", sa.Text),
         sa.Column("error", sa.Text),
         sa.Column("error_type", sa.String(64)),
         sa.Column("retryable", sa.Boolean, nullable=False, default=False),
@@ -160,15 +167,17 @@ class BatchBook:
             f"completion_tokens, retryable) VALUES ({mark}, {mark}, {mark}, '{PENDING}', 0, 0, "
             f"{'0' if mark == '?' else 'false'}) ON CONFLICT DO NOTHING")
         self._settle_line = (
-            f"UPDATE {lines} SET state = {mark}, response = {mark}, error = {mark}, "
+            f"UPDATE {lines} SET state = {mark}, content = {mark}, prompt_tokens = {mark}, "
+            f"completion_tokens = {mark}, finish_reason = {mark}, error = {mark}, "
             f"error_type = {mark}, retryable = {mark} WHERE request_key = {mark} AND "
             f"{by_key} = {mark}")
         self._mark = mark
         self._latest = (
             f"SELECT l.request_key, l.submission_id, b.batch_id, b.status, l.attempt, l.state, "
-            f"l.response, l.prompt_tokens, l.completion_tokens, l.error, l.error_type, "
-            f"l.retryable, b.created_at, b.ended_at FROM {lines} l JOIN {batches} b "
-            f"ON b.submission_id = l.submission_id WHERE l.request_key IN ")
+            f"l.content, l.finish_reason, l.response, l.prompt_tokens, l.completion_tokens, "
+            f"l.error, l.error_type, l.retryable, b.created_at, b.ended_at FROM {lines} l "
+            f"JOIN {batches} b ON b.submission_id = l.submission_id WHERE l.request_key ")
+        self._key_list = KeyList.of(self.engine.dialect.name)
         self._ours = (f"SELECT request_key FROM {lines} WHERE {by_key} = {mark} "
                       "AND request_key IN ")
         try:
@@ -176,6 +185,26 @@ class BatchBook:
         except sa.exc.DatabaseError:  # created by another process meanwhile
             if not sa.inspect(self.engine).has_table(self.lines.name, schema=self.lines.schema):
                 raise
+        self._add_new_columns()
+
+    def _add_new_columns(self) -> None:
+        """A book made before ``content`` and ``finish_reason`` gains them (its answered
+        lines keep their reply bodies in ``response``, which is still read)."""
+        have = {c["name"] for c in sa.inspect(self.engine).get_columns(
+            self.lines.name, schema=self.lines.schema)}
+        table = _quoted(self.engine, self.lines)
+        for column in ("content", "finish_reason"):
+            if column in have:
+                continue
+            kind = self.lines.c[column].type.compile(dialect=self.engine.dialect)
+            try:
+                with self.engine.begin() as conn:
+                    conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            except sa.exc.DatabaseError:  # another process added it meanwhile
+                have = {c["name"] for c in sa.inspect(self.engine).get_columns(
+                    self.lines.name, schema=self.lines.schema)}
+                if column not in have:
+                    raise
 
     # -- submitting --------------------------------------------------------------------------
     def record_submission(self, row: dict[str, Any]) -> None:
@@ -242,11 +271,10 @@ class BatchBook:
                                  retryable=retryable))
 
     # -- collecting --------------------------------------------------------------------------
-    def settle_lines(self, submission_id: str,
-                     outcomes: Sequence[tuple[str, str | None, str | None, str | None, bool,
-                                              str]]) -> None:
-        """Write line outcomes of one batch: ``(state, response, error, error_type, retryable,
-        request_key)`` tuples (the statement's parameter order, less the batch's id)."""
+    def settle_lines(self, submission_id: str, outcomes: Sequence[tuple]) -> None:
+        """Write line outcomes of one batch: ``(state, content, prompt_tokens,
+        completion_tokens, finish_reason, error, error_type, retryable, request_key)`` tuples
+        (the statement's parameter order, less the batch's id)."""
         if not outcomes:
             return
         with self.engine.begin() as conn:
@@ -293,16 +321,25 @@ class BatchBook:
     def latest_lines(self, keys: Sequence[str]) -> dict[str, LineState]:
         """Each key's latest line (highest attempt), with its batch's id and status."""
         found: dict[str, LineState] = {}
-        mark, make = self._mark, LineState._make
+        make = LineState._make
         with self.engine.connect() as conn:
-            for start in range(0, len(keys), _CHUNK):
-                chunk = keys[start:start + _CHUNK]
-                for row in conn.exec_driver_sql(
-                        self._latest + f"({', '.join([mark] * len(chunk))})", tuple(chunk)):
-                    held = found.get(row[0])
-                    if held is None or held.attempt < row[4]:
-                        found[row[0]] = make(row)
+            for row in self._lines_of(conn, keys):
+                held = found.get(row[0])
+                if held is None or held.attempt < row[4]:
+                    found[row[0]] = make(row)
         return found
+
+    def _lines_of(self, conn: sa.Connection, keys: Sequence[str]) -> Iterable[Any]:
+        key_list = self._key_list
+        if key_list is not None:  # the keys as one parameter (see KeyList)
+            sql = self._latest + key_list.keys_in
+            for batch in key_list.batches(keys):
+                yield from conn.exec_driver_sql(sql, (key_list.encode(batch),))
+            return
+        for start in range(0, len(keys), _CHUNK):
+            chunk = tuple(keys[start:start + _CHUNK])
+            yield from conn.exec_driver_sql(
+                self._latest + f"IN ({', '.join([self._mark] * len(chunk))})", chunk)
 
     def line_counts(self, submission_id: str) -> dict[str, int]:
         t = self.lines

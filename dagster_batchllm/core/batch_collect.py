@@ -4,7 +4,8 @@
 submission whose process died before the provider created its batch is adopted (found by its
 submission id in the batch's metadata) or forgotten (its keys are then submitted again); a live
 batch is polled; an ended one is claimed (so two runs never collect it both) and its output and
-error files are streamed into its lines: the reply body for each answered line, the error (and
+error files are streamed into its lines: the reply read (its text, usage and finish reason)
+for each answered line, and a reply that is no completion as that line's error; the error (and
 whether a retry may fix it: 429, 5xx) for each failed one, and ``missing`` for the lines an
 expired or cancelled batch never answered. The engine's next pass turns those into row outcomes.
 """
@@ -31,7 +32,12 @@ from .batch_book import (
     owner_alive,
 )
 from .batch_protocol import BatchProtocol, BatchStatus
-from .errors import ErrorType
+from .errors import ErrorType, InferenceConfigError, RowError
+from .transport import CHAT_ROUTE, completion_from_payload
+
+# How a route's replies are read into an answered line (the chat completion's text and usage):
+# once, when its batch is collected, not again by the pass that hands it to the engine.
+_READERS = {CHAT_ROUTE: completion_from_payload}
 
 _SETTLE_CHUNK = 5000
 
@@ -118,17 +124,30 @@ class BatchCollector:
 
     def _collect(self, row: dict[str, Any], status: BatchStatus) -> dict[str, Any]:
         sub, protocol = row["submission_id"], self.protocols[row["endpoint"]]
+        read, endpoint = _READERS.get(row["route"]), row["endpoint"]
+        if read is None:
+            raise InferenceConfigError(f"batch {sub} is of route {row['route']!r}, which "
+                                       "this version cannot read")
         ok = failed = 0
         outcomes: list[tuple] = []
         for result in protocol.results(status):
             error = result.error
             if error is None:
-                ok += 1
-                outcomes.append((LINE_OK, result.body, None, None, False, result.request_key))
-            elif not result.expired:  # an expired line is "missing", marked below
+                try:
+                    answer = read(result.reply, endpoint=endpoint, latency_s=0.0)
+                except RowError as exc:  # a 200 that is no completion: the row fails with it,
+                    error = exc  # as when a pass read the reply (it is not asked again)
+                else:
+                    ok += 1
+                    outcomes.append((LINE_OK, answer.content, answer.prompt_tokens,
+                                     answer.completion_tokens, answer.finish_reason, None, None,
+                                     False, result.request_key))
+            if error is not None and not result.expired:  # expired: "missing", marked below
                 failed += 1
-                outcomes.append((LINE_FAILED, None, error.message, error.error_type.value,
-                                 bool(error.retryable), result.request_key))
+                outcomes.append((LINE_FAILED, None, 0, 0, None, error.message,
+                                 error.error_type.value,
+                                 bool(error.retryable) and result.error is not None,
+                                 result.request_key))
             if len(outcomes) >= _SETTLE_CHUNK:
                 self.book.settle_lines(sub, outcomes)
                 outcomes = []

@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .batch_book import COLLECTED, SUBMIT_FAILED, BatchBook, owner_id
+from .batch_book import COLLECTED, LINE_OK, SUBMIT_FAILED, BatchBook, owner_id
 from .batch_protocol import BatchProtocol
 from .batch_spool import NOT_YET_SUBMITTED, Gatherer, Spool, waiting_for
 from .delivery import SendsParcels
@@ -152,8 +152,16 @@ class BatchDelivery(SendsParcels):
                         line.batch_name, line.batch_status)
                     continue
                 tried.count = line.attempt
-                if line.state == "ok" and line.response is not None:
-                    self.collected_ok += 1
+                if line.state == LINE_OK and line.content is not None:
+                    self.collected_ok += 1  # read when its batch was collected
+                    results[i] = Completion(
+                        content=line.content, prompt_tokens=line.prompt_tokens,
+                        completion_tokens=line.completion_tokens,
+                        usage_reported=bool(line.prompt_tokens or line.completion_tokens),
+                        finish_reason=line.finish_reason, latency_s=line.latency_s)
+                    continue
+                if line.state == LINE_OK and line.response is not None:
+                    self.collected_ok += 1  # a line of a book made before: its reply body
                     try:
                         results[i] = self.parse(line.response.encode(), endpoint=endpoint.name,
                                                 latency_s=line.latency_s)

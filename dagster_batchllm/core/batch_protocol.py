@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from .errors import RowError, classify_http_error
 from .settings import EndpointSpec
@@ -39,10 +39,10 @@ class BatchStatus:
 
 @dataclass(frozen=True, slots=True)
 class LineResult:
-    """One result line: the request key, and the 200 body or the error it got."""
+    """One result line: the request key, and the 200 reply or the error it got."""
 
     request_key: str
-    body: str | None  # the reply body (JSON text) when answered 200
+    reply: Any  # the reply body, parsed from the line's JSON, when answered 200
     error: RowError | None
     expired: bool = False
 
@@ -142,7 +142,7 @@ class OpenAIBatchProtocol:
         key = line["custom_id"]
         response = line.get("response")
         if response is not None and response.get("status_code") == 200:
-            return LineResult(key, json.dumps(response.get("body"), ensure_ascii=False), None)
+            return LineResult(key, response.get("body"), None)
         if response is not None:
             body = response.get("body")
             return LineResult(key, None, classify_http_error(

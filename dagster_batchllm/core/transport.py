@@ -98,7 +98,13 @@ def json_reply(raw: bytes, endpoint: str) -> Any:
 
 def parse_completion(raw: bytes, *, endpoint: str, latency_s: float) -> Completion:
     """Read a 200 reply; anything but a usable completion is a ``MalformedResponseError``."""
-    payload = json_reply(raw, endpoint)
+    return completion_from_payload(json_reply(raw, endpoint), endpoint=endpoint,
+                                   latency_s=latency_s)
+
+
+def completion_from_payload(payload: Any, *, endpoint: str, latency_s: float) -> Completion:
+    """``parse_completion`` of a reply already parsed from JSON (a batch result line holds
+    the reply as a part of its own JSON)."""
     if not isinstance(payload, dict):
         raise MalformedResponseError(f"endpoint '{endpoint}' answered 200 with a non-object body")
     choices = payload.get("choices")

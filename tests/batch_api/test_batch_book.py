@@ -58,3 +58,41 @@ def test_two_partitions_submitting_the_same_rows_at_once_pay_for_each_once(held,
                             mode="batch_api", wait=False, partition_key=day)
         assert done.stats.succeeded == 3000, day
     assert batch_stats(held)["line_duplicates"] == 0
+
+
+def test_a_book_made_before_content_was_kept_still_answers_from_its_reply_bodies(
+        held, make_client, store_url):
+    """Books written by an earlier version hold an answered line's whole reply body in
+    ``response`` and have no ``content``/``finish_reason`` columns: opening one adds the
+    columns, and its answers are still read, nothing submitted again."""
+    import json
+
+    import sqlalchemy as sa
+
+    df = frame(3)
+    client = make_client(held)
+    client.infer(df, prompt=PROMPT, model=MODEL, output_column="s", mode="batch_api",
+                 wait=False)
+    book = BatchBook(client.ledger)
+    lines, batches = book.lines.name, book.batches.name
+    with client.ledger.engine.begin() as conn:  # the book as the earlier version left it
+        keys = [k for (k,) in conn.exec_driver_sql(f"SELECT request_key FROM {lines}")]
+        for column in ("content", "finish_reason"):
+            conn.exec_driver_sql(f"ALTER TABLE {lines} DROP COLUMN {column}")
+        for i, key in enumerate(keys):
+            body = {"choices": [{"index": 0, "message": {"role": "assistant",
+                                                         "content": f"old answer {i}"},
+                                 "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 7, "completion_tokens": 3}}
+            conn.exec_driver_sql(f"UPDATE {lines} SET state = 'ok', response = ? "
+                                 "WHERE request_key = ?", (json.dumps(body), key))
+        conn.exec_driver_sql(f"UPDATE {batches} SET status = 'collected'")
+
+    again = make_client(held)
+    done = again.infer(df, prompt=PROMPT, model=MODEL, output_column="s", mode="batch_api",
+                       wait=False)
+    assert done.stats.succeeded == 3 and done.stats.prompt_tokens == 21
+    assert sorted(done.df["s"]) == ["old answer 0", "old answer 1", "old answer 2"]
+    assert batch_stats(held)["batches_created"] == 1  # the first run's, nothing more
+    columns = {c["name"] for c in sa.inspect(again.ledger.engine).get_columns(lines)}
+    assert {"content", "finish_reason"} <= columns
