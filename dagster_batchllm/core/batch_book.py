@@ -17,8 +17,8 @@ provider refused it (its lines then hold the error).
 from __future__ import annotations
 
 import json
+import operator
 import os
-import re
 import socket
 import time
 from collections.abc import Iterable, Sequence
@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
-from .ledger import KeyList, Ledger
+from .ledger import DEFERRED, KeyList, Ledger, in_key_order
 
 SUBMITTING, COLLECTING, COLLECTED, SUBMIT_FAILED = (
     "submitting", "collecting", "collected", "submit_failed")
@@ -35,6 +35,7 @@ ENDED = ("completed", "expired", "cancelled", "failed")
 #: Line states.
 PENDING, LINE_OK, LINE_FAILED, LINE_MISSING = "pending", "ok", "failed", "missing"
 _CHUNK = 500
+_KEY_BEFORE_LAST = operator.itemgetter(-2)  # a settled line's key, before its batch's id
 # A submission or collection whose owner has not been heard of for this long (and whose process
 # is not known alive) is taken over by the next run.
 STALE_AFTER_S = 30 * 60.0
@@ -116,6 +117,10 @@ def _tables(ledger_table: str) -> tuple[sa.Table, sa.Table]:
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("updated_at", sa.Float, nullable=False),
         sa.Column("ended_at", sa.Float),
+        # When the run of the batch's own partition had its lines' outcomes written to the
+        # ledger: until then the partition waits for it (see waiting_for_batches), as the
+        # rows deferred into it have no ledger record of their own.
+        sa.Column("delivered_at", sa.Float),
         sa.Index(f"ix_{table}_batches_status", "status"),
     )
     # One line per (key, attempt): two runs that both try to submit a key's next attempt
@@ -178,6 +183,14 @@ class BatchBook:
             f"l.error, l.error_type, l.retryable, b.created_at, b.ended_at FROM {lines} l "
             f"JOIN {batches} b ON b.submission_id = l.submission_id WHERE l.request_key ")
         self._key_list = KeyList.of(self.engine.dialect.name)
+        self.ledger_table = ledger.table
+        if self._key_list is not None:
+            # SQLite: + keeps the planner on the primary key (see Ledger._ok_rows).
+            status = "+status" if mark == "?" else "status"
+            self._forget_deferred = (
+                f"DELETE FROM {_quoted(self.engine, ledger.table)} WHERE request_key "
+                f"{self._key_list.keys_in} AND scope = {mark} AND partition_key = {mark} "
+                f"AND {status} = '{DEFERRED}'")
         self._ours = (f"SELECT request_key FROM {lines} WHERE {by_key} = {mark} "
                       "AND request_key IN ")
         try:
@@ -188,21 +201,27 @@ class BatchBook:
         self._add_new_columns()
 
     def _add_new_columns(self) -> None:
-        """A book made before ``content`` and ``finish_reason`` gains them (its answered
-        lines keep their reply bodies in ``response``, which is still read)."""
-        have = {c["name"] for c in sa.inspect(self.engine).get_columns(
-            self.lines.name, schema=self.lines.schema)}
-        table = _quoted(self.engine, self.lines)
-        for column in ("content", "finish_reason"):
+        """A book made before gains the columns added since: ``content`` and
+        ``finish_reason`` (its answered lines keep their reply bodies in ``response``, which
+        is still read) and ``delivered_at`` (its batches' rows have ledger records, so they
+        count as delivered)."""
+        for table, column, then in (
+                (self.lines, "content", None), (self.lines, "finish_reason", None),
+                (self.batches, "delivered_at", "UPDATE {table} SET delivered_at = updated_at")):
+            have = {c["name"] for c in sa.inspect(self.engine).get_columns(
+                table.name, schema=table.schema)}
             if column in have:
                 continue
-            kind = self.lines.c[column].type.compile(dialect=self.engine.dialect)
+            quoted = _quoted(self.engine, table)
+            kind = table.c[column].type.compile(dialect=self.engine.dialect)
             try:
                 with self.engine.begin() as conn:
-                    conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+                    conn.exec_driver_sql(f"ALTER TABLE {quoted} ADD COLUMN {column} {kind}")
+                    if then:
+                        conn.exec_driver_sql(then.format(table=quoted))
             except sa.exc.DatabaseError:  # another process added it meanwhile
                 have = {c["name"] for c in sa.inspect(self.engine).get_columns(
-                    self.lines.name, schema=self.lines.schema)}
+                    table.name, schema=table.schema)}
                 if column not in have:
                     raise
 
@@ -215,15 +234,22 @@ class BatchBook:
             conn.execute(self.batches.insert().values(
                 **row, status=SUBMITTING, owner=owner_id(), created_at=now, updated_at=now))
 
-    def add_lines(self, submission_id: str, keys: Sequence[tuple[str, int]]) -> set[str]:
+    def add_lines(self, submission_id: str, keys: Sequence[tuple[str, int]], *,
+                  partition: tuple[str, str] | None = None) -> set[str]:
         """Record keys (with their attempt numbers) in a batch being written; the keys whose
-        attempt another run recorded first are left out. Returns the keys recorded here."""
+        attempt another run recorded first are left out. Returns the keys recorded here.
+
+        ``partition`` (scope, partition key): the partition whose rows these are. Their
+        deferral is this line from now on, so a deferred ledger record of theirs from an
+        earlier run (a token budget's, a wait for another run's batch) is removed, in the
+        same transaction: it would have a retry sensor run the partition for rows that wait
+        for a batch."""
         if not keys:
             return set()
         mark = self._mark
         with self.engine.begin() as conn:
-            inserted = conn.exec_driver_sql(
-                self._insert_line, [(key, attempt, submission_id) for key, attempt in keys])
+            inserted = conn.exec_driver_sql(self._insert_line, in_key_order(
+                [(key, attempt, submission_id) for key, attempt in keys]))
             ours: set[str] = set()
             if inserted.rowcount == len(keys):  # the usual case: no other run had any of them
                 ours.update(key for key, _ in keys)
@@ -235,7 +261,45 @@ class BatchBook:
             conn.execute(self.batches.update()
                          .where(self.batches.c.submission_id == submission_id)
                          .values(updated_at=time.time()))
+            if partition is not None and ours:
+                self._forget_deferrals(conn, [key for key, _ in keys if key in ours], partition)
         return ours
+
+    def _forget_deferrals(self, conn: sa.Connection, keys: list[str],
+                          partition: tuple[str, str]) -> None:
+        key_list = self._key_list
+        if key_list is None:
+            t = self.ledger_table
+            for start in range(0, len(keys), _CHUNK):
+                conn.execute(t.delete().where(
+                    t.c.request_key.in_(keys[start:start + _CHUNK]), t.c.scope == partition[0],
+                    t.c.partition_key == partition[1], t.c.status == DEFERRED))
+            return
+        for batch in key_list.batches(keys):
+            conn.exec_driver_sql(self._forget_deferred, (key_list.encode(batch), *partition))
+
+    def undelivered(self, scope: str, partition_key: str, statuses: Sequence[str]
+                    ) -> list[str]:
+        """The submission ids of the partition's batches in ``statuses`` that its runs have
+        not delivered yet."""
+        t = self.batches
+        with self.engine.connect() as conn:
+            return list(conn.execute(sa.select(t.c.submission_id).where(
+                t.c.scope == scope, t.c.partition_key == partition_key,
+                t.c.status.in_(list(statuses)), t.c.delivered_at.is_(None))).scalars())
+
+    def mark_delivered(self, submission_ids: Iterable[str], scope: str,
+                       partition_key: str) -> None:
+        """The batches, of this partition, whose lines' outcomes are in the ledger now."""
+        ids = list(submission_ids)
+        if not ids:
+            return
+        t = self.batches
+        with self.engine.begin() as conn:
+            conn.execute(t.update().where(
+                t.c.submission_id.in_(ids), t.c.scope == scope,
+                t.c.partition_key == partition_key, t.c.delivered_at.is_(None))
+                .values(delivered_at=time.time()))
 
     def update_batch(self, submission_id: str, *, expect_status: str | None = None,
                      **values: Any) -> bool:
@@ -278,8 +342,8 @@ class BatchBook:
         if not outcomes:
             return
         with self.engine.begin() as conn:
-            conn.exec_driver_sql(self._settle_line,
-                                 [(*outcome, submission_id) for outcome in outcomes])
+            conn.exec_driver_sql(self._settle_line, in_key_order(
+                [(*outcome, submission_id) for outcome in outcomes], key=_KEY_BEFORE_LAST))
 
     def mark_missing(self, submission_id: str, error: str, error_type: str) -> int:
         """Lines the ended batch answered neither way: a next batch may submit them again."""
@@ -360,26 +424,3 @@ def counts_text(request_counts: str | dict | None) -> str:
         request_counts or {})
     return (f"{counts.get('completed', 0)}/{counts.get('total', 0)} lines answered, "
             f"{counts.get('failed', 0)} failed")
-
-
-_WAIT_NAME = re.compile(r"waiting for batch (?:\(file )?([A-Za-z0-9_\-]+)")
-
-
-def waiting_for_batches(ledger: Ledger, scope: str | None = None
-                        ) -> dict[str, dict[str, int]]:
-    """Deferred rows that wait for a batch, per partition: ``{partition: {batch: rows}}``
-    (the batch's provider id, or its submission id before the provider gave one)."""
-    t = ledger.table
-    query = (sa.select(t.c.partition_key, t.c.error, sa.func.count())
-             .where(t.c.status == "deferred", t.c.error.like("deferred: waiting for batch%"))
-             .group_by(t.c.partition_key, t.c.error))
-    if scope is not None:
-        query = query.where(t.c.scope == scope)
-    found: dict[str, dict[str, int]] = {}
-    with ledger.engine.connect() as conn:
-        for partition, error, rows in conn.execute(query):
-            match = _WAIT_NAME.search(error or "")
-            if match:
-                names = found.setdefault(partition, {})
-                names[match.group(1)] = names.get(match.group(1), 0) + int(rows)
-    return found

@@ -39,7 +39,7 @@ from .transport import CHAT_ROUTE, completion_from_payload
 # once, when its batch is collected, not again by the pass that hands it to the engine.
 _READERS = {CHAT_ROUTE: completion_from_payload}
 
-_SETTLE_CHUNK = 5000
+_SETTLE_CHUNK = 8192  # lines per book transaction (see in_key_order)
 
 
 class BatchCollector:

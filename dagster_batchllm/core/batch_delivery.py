@@ -40,7 +40,9 @@ from .prompts import RowRequest
 from .settings import EndpointSpec, InferenceSettings
 from .transport import Completion, ReplyParser
 
-_GATHER = 2000  # keys per book transaction (a lookup queries them 500 at a time)
+# Keys per book transaction: a commit writes every page its inserts touched, so a larger one
+# (in key order, see in_key_order) shares pages among more of them.
+_GATHER = 8192
 # Requests a worker hands over at once (the engine's ``items_per_send``): a parcel costs one
 # coroutine step, one lookup and one book write in all, not one per row.
 _PER_SEND = 1000
@@ -79,6 +81,8 @@ class BatchDelivery(SendsParcels):
         self.submitted: dict[str, str | None] = {}
         #: submission ids of the batches the deferred rows of this pass wait for
         self.waiting: set[str] = set()
+        #: submission ids of the ended batches whose lines this pass turned into outcomes
+        self.consumed: set[str] = set()
         self.lines_submitted = 0
         self.collected_ok = 0
         self.collected_failed = 0
@@ -152,6 +156,7 @@ class BatchDelivery(SendsParcels):
                         line.batch_name, line.batch_status)
                     continue
                 tried.count = line.attempt
+                self.consumed.add(line.submission_id)
                 if line.state == LINE_OK and line.content is not None:
                     self.collected_ok += 1  # read when its batch was collected
                     results[i] = Completion(
@@ -268,7 +273,8 @@ class BatchDelivery(SendsParcels):
                     "lines": 0, "bytes": 0, "scope": self.scope,
                     "partition_key": self.partition_key, "run_id": self.run_id})
                 spool.recorded = True
-            ours[spool] = self.book.add_lines(spool.submission_id, keys)
+            ours[spool] = self.book.add_lines(spool.submission_id, keys,
+                                              partition=(self.scope, self.partition_key))
         recorded: list[bool] = []
         chunks: dict[Spool, list[bytes]] = {spool: [] for spool in by_spool}
         for spool, key, _attempt, data in notes:

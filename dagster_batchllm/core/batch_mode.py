@@ -28,7 +28,7 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
-from .batch_book import BatchBook
+from .batch_book import COLLECTED, SUBMIT_FAILED, BatchBook
 from .batch_collect import BatchCollector, progress_line
 from .batch_delivery import BatchDelivery, batch_name
 from .batch_protocol import protocol_for
@@ -42,6 +42,7 @@ from .run_figures import estimate_cost
 from .tasks import ChatTask
 
 MODES = ("online", "batch_api")
+ENDED_HERE = (COLLECTED, SUBMIT_FAILED)  # batches with nothing more to collect
 # Ledger writes of a batch pass come thousands a second (no network in between): written in
 # larger batches than online's, which bound what a crash loses of answers arriving one by one.
 _PASS_FLUSH_ROWS = 8192
@@ -95,7 +96,12 @@ class BatchModeCall:
         try:
             while True:
                 await self.collector.refresh()
-                delivery = await self._pass(rows, merged)
+                # A pass over the whole table settles every row of the partition's ended
+                # batches (from the book, or from the ledger where another run wrote them).
+                ended = (await asyncio.to_thread(
+                    self.book.undelivered, self.call.scope, self.call.partition_key, ENDED_HERE)
+                    if isinstance(rows, range) else [])
+                delivery = await self._pass(rows, merged, delivered=ended)
                 if not self.wait or not delivery.waiting:
                     break
                 await self._wait_for(delivery.waiting)
@@ -108,7 +114,8 @@ class BatchModeCall:
         merged.finish(self.settings, time.perf_counter() - started)
         return merged
 
-    async def _pass(self, rows: Sequence[int], merged: _Merged) -> BatchDelivery:
+    async def _pass(self, rows: Sequence[int], merged: _Merged,
+                    delivered: Sequence[str] = ()) -> BatchDelivery:
         """One pass over ``rows``: an engine run per slice of them, over one delivery (so
         files fill across slices). What an engine run keeps per row until it ends (a deferred
         row's key and outcome, its dictionaries' slots) is then a slice's, not the table's;
@@ -139,6 +146,10 @@ class BatchModeCall:
         await delivery.submit_open_files()
         merged.add_endpoints(delivery.snapshot())  # the pass's figures (the runs' are running)
         await asyncio.to_thread(self._name_batches, merged, rows, delivery.submitted)
+        # The outcomes of the ended batches' lines are in the ledger now (each engine run
+        # wrote its records before returning): this partition no longer waits for them.
+        await asyncio.to_thread(self.book.mark_delivered, {*delivery.consumed, *delivered},
+                                self.call.scope, self.call.partition_key)
         return delivery
 
     def _name_batches(self, merged: _Merged, rows: Sequence[int],

@@ -25,11 +25,12 @@ _LATER = "a later run collects its answers, nothing is submitted again"
 class SharedDeferred(DeferredError):
     """A deferral that many rows share (those of one batch file, or those waiting for one
     batch): its cell text is built once, so the rows' error cells are one string, not one
-    string each."""
+    string each. ``kept_by_delivery``: the rows' lines are this run's, in the book."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, *, kept_by_delivery: bool = False):
         super().__init__(message)
         self._cell = super().as_cell()
+        self.kept_by_delivery = kept_by_delivery
 
     def as_cell(self) -> str:
         return self._cell
@@ -114,8 +115,9 @@ class Spool:
         self.written = 0  # lines in the file (keys the book recorded for this batch)
         self.written_bytes = 0
         self.recorded = False
-        #: what every row whose line is in this file is deferred with
-        self.deferred = SharedDeferred(f"{NOT_YET_SUBMITTED}{self.submission_id}); {_LATER}")
+        #: what every row whose line is in this file is deferred with (the book keeps it)
+        self.deferred = SharedDeferred(f"{NOT_YET_SUBMITTED}{self.submission_id}); {_LATER}",
+                                       kept_by_delivery=True)
 
 
 __all__ = ["NOT_YET_SUBMITTED", "Gatherer", "SharedDeferred", "Spool", "waiting_for"]

@@ -389,19 +389,29 @@ class InferenceRun:
 
     # -- outcomes ----------------------------------------------------------------------------
     def _settle_error(self, state: KeyState, error: RowError, **record: Any) -> None:
-        status = RowStatus.DEFERRED if isinstance(error, DeferredError) else RowStatus.FAILED
-        self._settle(state, status, error=error.as_cell(), error_type=error.error_type.value,
-                     **record)
+        if isinstance(error, DeferredError):
+            # A deferral the delivery keeps durably (its line in the batch book) needs no
+            # ledger record, unless the record would also end the key's claim.
+            self._settle(state, RowStatus.DEFERRED, error=error.as_cell(),
+                         error_type=error.error_type.value,
+                         write=not error.kept_by_delivery or self._coordination is not None,
+                         **record)
+            return
+        self._settle(state, RowStatus.FAILED, error=error.as_cell(),
+                     error_type=error.error_type.value, **record)
 
     def _settle(self, state: KeyState, row_status: RowStatus, *, value: Any = None,
                 error: str | None = None, error_type: str | None = None,
                 response: str | None = None, attempts: int = 0, endpoint: str | None = None,
-                completion: Any = None) -> None:
+                completion: Any = None, write: bool = True) -> None:
         state.outcome = (row_status, value, error, error_type)
         self._finish_rows(state.rows, row_status, value=value, error=error,
                           error_type=error_type)
         if row_status != _OK:
             self._settled_not_ok[state.request.key] = (row_status, error, error_type)
+        if not write:  # nothing to wait for: a later row of the key finds it settled above
+            self._inflight.pop(state.request.key, None)
+            return
         self._record(state.request, _LEDGER_STATUS[row_status], response=response, error=error,
                      error_type=error_type, attempts=attempts, endpoint=endpoint,
                      completion=completion)

@@ -102,6 +102,9 @@ class DeferredError(RowError):
     """Not sent: the call's token budget cannot pay for it now; a later call will send it."""
 
     error_type = ErrorType.DEFERRED
+    #: The delivery keeps this row's state durably itself (a line in the batch book), so the
+    #: engine writes no ledger record of the deferral (see ``BatchDelivery``).
+    kept_by_delivery = False
 
 
 class InternalError(RowError):

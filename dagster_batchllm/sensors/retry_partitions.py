@@ -18,7 +18,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
     UnresolvedAssetJobDefinition,
 )
 
-from ..core.batch_book import waiting_for_batches
+from ..core.batch_waits import waiting_in_ledger
 from ..core.error_kinds import describe_errors, kind_of
 from ..core.errors import InferenceConfigError
 from ..core.ledger import (
@@ -264,7 +264,8 @@ def _retry_work(ledger: Ledger, scope: str
     failed_types = ledger.failed_by_error_type(scope=scope)
     # Rows waiting in a provider's batch are not retried: the batch-collect sensor runs their
     # partition when the batch ends (a retry now would only wait for it, and use up a round).
-    in_batches = {p: sum(names.values()) for p, names in waiting_for_batches(ledger, scope).items()}
+    # Those whose lines are their own partition's have no deferred record to count at all.
+    in_batches = {p: sum(names.values()) for p, names in waiting_in_ledger(ledger, scope).items()}
     needing: dict[str, dict[str, int]] = {}
     unfixable: dict[str, dict[str, int]] = {}
     for partition, by_status in counts.items():

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from batch_helpers import MODEL, PROMPT, batch_stats, book_of, frame
 
+from dagster_batchllm.core.batch_waits import waiting_for_batches, waiting_in_ledger
 from dagster_batchllm.core.call import InferenceCall
 from dagster_batchllm.core.errors import InferenceConfigError
 from dagster_batchllm.core.prompts import iter_row_requests, row_tuples
@@ -49,8 +50,9 @@ def test_wait_false_defers_rows_naming_their_batch_then_a_rerun_collects(held, m
     batch_id = held.batches()[0]["id"]
     assert first.stats.deferred == 30 and set(first.error_types) == {"deferred"}
     assert first.df["summary_error"].str.contains(f"waiting for batch {batch_id}").all()
-    records = client.ledger.records()
-    assert records["error"].str.contains(f"waiting for batch {batch_id}").all()
+    # The rows' lines in the batch book are their record: no ledger record of each deferral.
+    assert waiting_for_batches(client.ledger) == {"": {batch_id: 30}}
+    assert client.ledger.records().empty
 
     still = infer(client, df, wait=False)  # the batch is still running: it is waited for
     assert still.stats.deferred == 30 and batch_stats(held)["batches_created"] == 1
@@ -62,6 +64,8 @@ def test_wait_false_defers_rows_naming_their_batch_then_a_rerun_collects(held, m
     assert done.stats.prompt_tokens > 0  # paid for in this call's batch, counted here
     stats = batch_stats(held)
     assert stats["batches_created"] == 1 and stats["line_duplicates"] == 0
+    assert waiting_for_batches(client.ledger) == {}  # delivered: nothing waits any more
+    assert (client.ledger.records()["status"] == "ok").sum() == 30
 
 
 def test_expired_batch_resubmits_only_the_lines_it_never_answered(held, make_client):
@@ -141,9 +145,17 @@ def test_a_token_budget_smaller_than_the_job_submits_nothing_past_it(quick, make
     assert deferred.str.contains(f"the token budget \\({budget}\\)").all()
     stats = batch_stats(quick)
     assert stats["lines_answered"] == 10 and stats["batches_created"] == 1
-    # The budget's rows are answered by a later call, within its own budget.
-    later = infer(client, df, wait=True, token_budget=budget)
-    assert later.stats.succeeded == 20 and later.stats.cached == 10
+    # The budget's rows wait in the ledger (not for a batch: a retry sensor reruns them).
+    assert client.ledger.status_counts()["deferred"] == 90
+    assert waiting_for_batches(client.ledger) == {}
+    # They are answered by later calls, each within its own budget. Once a row's line is in
+    # a batch, its budget deferral leaves the ledger (the batch book is its record now).
+    later = infer(client, df, wait=False, token_budget=budget)
+    assert later.stats.cached == 10 and later.stats.deferred == 90
+    assert client.ledger.status_counts()["deferred"] == 80
+    assert sum(waiting_for_batches(client.ledger)[""].values()) == 10
+    later = infer(client, df, wait=True, token_budget=budget)  # collects 10, submits 10
+    assert later.stats.succeeded == 30 and later.stats.cached == 10
 
 
 def test_another_partition_waits_for_the_batch_holding_its_keys(held, make_client):
@@ -155,10 +167,19 @@ def test_another_partition_waits_for_the_batch_holding_its_keys(held, make_clien
     assert other.stats.deferred == 50 and batch_stats(held)["batches_created"] == 1
     assert other.df["summary_error"].str.contains(f"waiting for batch {batch_id}").all()
 
+    # The first day waits on its own batch (the book's record), the second on the first's
+    # (a deferred ledger record naming it, which the retry sensor leaves to the batch sensor).
+    assert waiting_for_batches(client.ledger) == {"2026-11-05": {batch_id: 50},
+                                                  "2026-11-06": {batch_id: 50}}
+    assert waiting_in_ledger(client.ledger) == {"2026-11-06": {batch_id: 50}}
+
     held.complete_batches()
     for day in ("2026-11-06", "2026-11-05"):
         done = infer(client, df, wait=False, partition_key=day)
         assert done.stats.succeeded == 50, day
+        if day == "2026-11-06":  # it collected the first day's batch, which still waits
+            assert waiting_for_batches(client.ledger) == {"2026-11-05": {batch_id: 50}}
+    assert waiting_for_batches(client.ledger) == {}
     assert batch_stats(held)["lines_answered"] == 50  # paid once, for both days
     counts = client.ledger.status_counts(partition_key="2026-11-05")
     assert counts["ok"] == 50

@@ -66,3 +66,22 @@ def test_a_new_sqlite_ledger_uses_pages_that_hold_several_vectors(tmp_path):
         assert set(ledger.lookup_ok(["a"], "p")) == {"a"}
     finally:
         ledger.dispose()
+
+
+def test_records_written_in_key_order_keep_their_order_within_a_key(tmp_path):
+    """A write sorts its records by key (neighbours share B-tree pages); two records of one
+    key in one write still apply in the order given, on both write paths."""
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        ledger.upsert([record("z", "failed"), record("a", "deferred"), record("z", "ok", "won"),
+                       record("m", "ok", "m1"), record("a", "failed", error="second")])
+        ledger.upsert([{"request_key": "y", "model": "m", "status": "failed", "response": None},
+                       {"request_key": "b", "model": "m", "status": "ok", "response": "b"},
+                       {"request_key": "y", "model": "m", "status": "ok", "response": "y2"}])
+        rows = ledger.records().set_index("request_key")
+        assert rows.loc["z", "status"] == "ok" and rows.loc["z", "response"] == "won"
+        assert rows.loc["a", "status"] == "failed" and rows.loc["a", "error"] == "second"
+        assert rows.loc["y", "response"] == "y2" and rows.loc["b", "response"] == "b"
+        assert len(rows) == 5
+    finally:
+        ledger.dispose()

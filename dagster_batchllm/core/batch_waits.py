@@ -1,0 +1,65 @@
+"""Which partitions wait for which batches: what the batch-collect and retry sensors read.
+
+Two records say a partition's rows wait for a batch:
+
+* the batch book's batch row, for the rows whose lines a run of the partition put in its own
+  batches: the rows have no ledger record until that partition's run writes their outcomes
+  (and sets the batch's ``delivered_at``);
+* a deferred ledger record "waiting for batch <id>", for a row whose key was already in another
+  run's batch (another partition's, or a crashed run's).
+"""
+
+from __future__ import annotations
+
+import re
+
+import sqlalchemy as sa
+
+from .batch_book import BatchBook
+from .ledger import DEFERRED, Ledger
+
+_WAIT_NAME = re.compile(r"waiting for batch (?:\(file )?([A-Za-z0-9_\-]+)")
+
+
+def waiting_for_batches(ledger: Ledger, scope: str | None = None
+                        ) -> dict[str, dict[str, int]]:
+    """Rows that wait for a batch, per partition: ``{partition: {batch: rows}}`` (the
+    batch's provider id, or its submission id before the provider gave one)."""
+    found = waiting_in_ledger(ledger, scope)
+    if not sa.inspect(ledger.engine).has_table(
+            f"{ledger.table.name}_batches", schema=ledger.table.schema):
+        return found
+    batches = BatchBook(ledger).batches
+    query = (sa.select(batches.c.partition_key,
+                       sa.func.coalesce(batches.c.batch_id, batches.c.submission_id),
+                       batches.c.lines)
+             .where(batches.c.delivered_at.is_(None)))
+    if scope is not None:
+        query = query.where(batches.c.scope == scope)
+    with ledger.engine.connect() as conn:
+        for partition, name, lines in conn.execute(query):
+            names = found.setdefault(partition, {})
+            names[name] = names.get(name, 0) + int(lines or 0)
+    return found
+
+
+def waiting_in_ledger(ledger: Ledger, scope: str | None = None) -> dict[str, dict[str, int]]:
+    """The deferred ledger records that wait for a batch, per partition and batch (the part
+    of the ledger's deferred rows that a retry would not help)."""
+    t = ledger.table
+    query = (sa.select(t.c.partition_key, t.c.error, sa.func.count())
+             .where(t.c.status == DEFERRED, t.c.error.like("deferred: waiting for batch%"))
+             .group_by(t.c.partition_key, t.c.error))
+    if scope is not None:
+        query = query.where(t.c.scope == scope)
+    found: dict[str, dict[str, int]] = {}
+    with ledger.engine.connect() as conn:
+        for partition, error, rows in conn.execute(query):
+            match = _WAIT_NAME.search(error or "")
+            if match:
+                names = found.setdefault(partition, {})
+                names[match.group(1)] = names.get(match.group(1), 0) + int(rows)
+    return found
+
+
+__all__ = ["waiting_for_batches", "waiting_in_ledger"]
