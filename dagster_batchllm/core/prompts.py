@@ -27,6 +27,10 @@ _TEMPLATE_TOKENS_PER_MESSAGE = 8
 _TEMPLATE_TOKENS_PER_REQUEST = 8
 # For dry runs and cost estimates: the usual ~4 characters per token of English text.
 _TYPICAL_CHARS_PER_TOKEN = 4
+# The canonical form of a request body (its key is the hash of these bytes). One encoder for
+# every request: json.dumps with options builds a new one per call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                              allow_nan=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +126,8 @@ def make_request(
         content = message.get("content") or ""
         text = content if isinstance(content, str) else json.dumps(content)
         content_chars += len(text)
-        content_bytes += len(text.encode("utf-8"))
+        # Bytes as UTF-8, without encoding: an ASCII text has as many as it has characters.
+        content_bytes += len(text) if text.isascii() else len(text.encode("utf-8"))
     n = len(messages)
     typical = math.ceil(content_chars / _TYPICAL_CHARS_PER_TOKEN) + 4 * n
     upper = content_bytes + _TEMPLATE_TOKENS_PER_MESSAGE * n + _TEMPLATE_TOKENS_PER_REQUEST
@@ -134,8 +139,7 @@ def make_request(
 
 def _encode(payload: dict[str, Any]) -> bytes:
     try:
-        return json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
-                          allow_nan=False).encode("utf-8")
+        return _CANONICAL.encode(payload).encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidInputError(f"the prompt is not valid Unicode text ({exc.reason})") from None
     except (ValueError, TypeError) as exc:  # NaN, or a cell object JSON cannot hold
