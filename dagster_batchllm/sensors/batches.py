@@ -1,11 +1,13 @@
 """The batch-collect sensor: run a partition again when the batches its rows wait for end.
 
 An asset with ``mode="batch_api", wait=False`` ends its run once the batches are submitted,
-its rows deferred "waiting for batch <id>" in the ledger. Each tick this sensor reads which
-partitions of the asset wait for which batches, polls those batches at the provider (a
-``batches.retrieve`` each, recorded in the batch book) and requests one run per partition
-whose batches have all ended, tagged ``batchllm/collect``. That run collects the answers and
-submits nothing, except lines a retry may fix (429, 5xx, an expired batch's unanswered lines).
+its rows deferred "waiting for batch <id>" (recorded by the batch book; rows whose keys were in
+another run's batch, by a deferred ledger record naming it). Each tick this sensor reads which
+partitions of the asset wait for which batches (``waiting_for_batches``), polls those batches
+at the provider (a ``batches.retrieve`` each, recorded in the batch book) and requests one run
+per partition whose batches have all ended, tagged ``batchllm/collect``. That run collects
+the answers and submits nothing, except lines a retry may fix (429, 5xx, an expired batch's
+unanswered lines).
 So no Dagster run sits for the 24 h a batch may take. The run key names the batches, so the
 same ended batches launch one run, however many ticks see them.
 """
