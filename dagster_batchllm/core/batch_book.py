@@ -267,9 +267,13 @@ class BatchBook:
 
     def _forget_deferrals(self, conn: sa.Connection, keys: list[str],
                           partition: tuple[str, str]) -> None:
+        t = self.ledger_table
+        if conn.execute(sa.select(t.c.request_key).where(  # usually none: a probe per key saved
+                t.c.status == DEFERRED, t.c.scope == partition[0],
+                t.c.partition_key == partition[1]).limit(1)).first() is None:
+            return
         key_list = self._key_list
         if key_list is None:
-            t = self.ledger_table
             for start in range(0, len(keys), _CHUNK):
                 conn.execute(t.delete().where(
                     t.c.request_key.in_(keys[start:start + _CHUNK]), t.c.scope == partition[0],

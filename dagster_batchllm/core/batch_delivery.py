@@ -160,10 +160,9 @@ class BatchDelivery(SendsParcels):
                 if line.state == LINE_OK and line.content is not None:
                     self.collected_ok += 1  # read when its batch was collected
                     results[i] = Completion(
-                        content=line.content, prompt_tokens=line.prompt_tokens,
-                        completion_tokens=line.completion_tokens,
-                        usage_reported=bool(line.prompt_tokens or line.completion_tokens),
-                        finish_reason=line.finish_reason, latency_s=line.latency_s)
+                        line.content, line.prompt_tokens, line.completion_tokens,
+                        bool(line.prompt_tokens or line.completion_tokens), line.finish_reason,
+                        line.latency_s)
                     continue
                 if line.state == LINE_OK and line.response is not None:
                     self.collected_ok += 1  # a line of a book made before: its reply body

@@ -433,8 +433,16 @@ class InferenceRun:
     def _record(self, request: RowRequest, status: str, *, response: str | None = None,
                 error: str | None = None, error_type: str | None = None, attempts: int = 0,
                 endpoint: str | None = None, completion: Any = None) -> None:
+        if completion is None:
+            prompt_tokens = completion_tokens = 0
+            latency_ms = None
+        else:
+            prompt_tokens = completion.prompt_tokens
+            completion_tokens = completion.completion_tokens
+            latency_ms = round(completion.latency_s * 1000, 3)
+        key = request.key
         self._writer.add({
-            "request_key": request.key,
+            "request_key": key,
             "scope": self.scope,
             "partition_key": self.partition_key,
             "model": request.model,
@@ -442,19 +450,22 @@ class InferenceRun:
             "response": response,
             "error": error,
             "error_type": error_type,
-            "prompt_tokens": completion.prompt_tokens if completion else 0,
-            "completion_tokens": completion.completion_tokens if completion else 0,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
             "attempts": attempts,
             "endpoint": endpoint,
-            "latency_ms": round(completion.latency_s * 1000, 3) if completion else None,
+            "latency_ms": latency_ms,
             "run_id": self.run_id,
-        }, request.key)
+        }, key)
 
     def _add_tokens(self, model: str, prompt: int, completion: int) -> None:
-        self.stats.prompt_tokens += prompt
-        self.stats.completion_tokens += completion
-        per_model = self.stats.tokens_by_model.setdefault(
-            model, {"prompt_tokens": 0, "completion_tokens": 0})
+        stats = self.stats
+        stats.prompt_tokens += prompt
+        stats.completion_tokens += completion
+        per_model = stats.tokens_by_model.get(model)
+        if per_model is None:
+            per_model = stats.tokens_by_model[model] = {"prompt_tokens": 0,
+                                                        "completion_tokens": 0}
         per_model["prompt_tokens"] += prompt
         per_model["completion_tokens"] += completion
 

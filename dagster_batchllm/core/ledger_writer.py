@@ -65,6 +65,7 @@ class LedgerWriter:
         self.log = log
         self.error: Exception | None = None
         self._buffer: list[dict[str, Any]] = []
+        self._flush_at = max(1, room // 2)  # records that start a write before the interval
         self._unjournaled: list[dict[str, Any]] = []  # added this turn, not in the journal yet
         self._keys: list[str] = []
         self._writing = 0  # records of the batch being written right now
@@ -91,7 +92,7 @@ class LedgerWriter:
                     self.write_journal()
         self._buffer.append(record)
         self._keys.append(key)
-        if len(self._buffer) >= max(1, self.room // 2):
+        if len(self._buffer) >= self._flush_at:
             self._flush_now.set()
 
     def write_journal(self) -> None:
