@@ -35,6 +35,7 @@ from .batch_protocol import protocol_for
 from .call import InferenceCall
 from .engine import InferenceRun
 from .errors import InferenceConfigError
+from .gc_pacing import fewer_collections
 from .ledger import DEFERRED
 from .limits import TokenBudget
 from .results import InferenceStats, RowStatus
@@ -90,6 +91,12 @@ class BatchModeCall:
             coordinate_runs=False)
 
     async def run(self) -> _Merged:
+        # The collector's objects (a line result per answered line) are no more garbage than
+        # the engine runs' (see gc_pacing): the whole call, not only its passes.
+        with fewer_collections():
+            return await self._run()
+
+    async def _run(self) -> _Merged:
         merged = _Merged(len(self.inputs), self.collect_keys)
         rows: Sequence[int] = range(len(self.inputs))  # the rows this pass covers
         started = time.perf_counter()
