@@ -1,10 +1,12 @@
 """The executor side of traditional ML models on Spark: score one Arrow batch or one group.
 
-Runs in Spark's Python workers: imports neither dagster nor pyspark. Each batch goes to the
-worker process's client for the job's settings (:func:`.worker.client_for`), whose ``predict``
-looks every row up in the ledger first and scores the rest in groups with the model loaded once
-per process (:func:`~dagster_batchllm.core.mlflow_models.load_model`): a Python worker that
-runs many batches and tasks loads each model once. The models were resolved on the driver, so
+Runs in Spark's Python workers: imports neither dagster nor pyspark. Without the ledger (the
+default, as ``spark_udf``) each batch is one ``predict`` per model; with it, every row is looked
+up in the ledger first and the rest scored and written in bulk (:func:`~..core.keyed_scoring.
+score_keyed`; served models through the worker process's client, :func:`.worker.client_for`).
+Either way the model is loaded once per process
+(:func:`~dagster_batchllm.core.mlflow_models.load_model`): a Python worker that runs many
+batches and tasks loads each model once. The models were resolved on the driver, so
 every worker scores the same versions even if an alias moves during the job.
 """
 
@@ -38,9 +40,9 @@ class ModelJob:
     result_type: str = "double"
     fail_on_error: bool = False
     run_id: str | None = None
-    #: Keep every prediction in the ledger (a rerun scores nothing again); False: score each
-    #: batch with one plain predict() as spark_udf does, a rejected row still failing alone.
-    use_ledger: bool = True
+    #: Keep every prediction in the ledger (a rerun scores nothing again); False (the default,
+    #: spark_udf's way): each batch one plain predict(), a rejected row still failing alone.
+    use_ledger: bool = False
 
     @property
     def keyed(self) -> bool:
@@ -78,9 +80,10 @@ class ModelJob:
             if failed:
                 if writes is not None:
                     writes.drain()  # the answered rows in the ledger before the task fails
+                kept = "the answered rows are in the ledger; " if self.use_ledger else ""
                 raise RuntimeError(f"{len(failed)} of {len(errors)} rows failed; the first: "
-                                   f"{failed[0]} (the answered rows are in the ledger; "
-                                   "fail_on_error=False keeps errors as data)")
+                                   f"{failed[0]} ({kept}fail_on_error=False keeps errors as "
+                                   "data)")
         return values, errors
 
 
@@ -121,7 +124,7 @@ def _unusable(name: Any, model: ResolvedModel | None, column: str | None) -> str
         return f"unsupported_model: {model.error}"
     if model.kind != IN_PROCESS:
         return (f"unsupported_model: '{name}' is served; use_ledger=False scores in-process "
-                "models only")
+                "models only (pass use_ledger=True)")
     return None
 
 
