@@ -116,7 +116,10 @@ def build_scoring_asset(
     ``model``: a name of the resource's ``mlflow_models`` (or a model an ``mlflow`` endpoint
     serves, or a URI); ``model_column``: a column naming each row's model instead.
     ``model_asset`` (from :func:`build_model_version_asset`): the asset depends on it, so a
-    moved alias marks it stale; its code version covers the version resolved at load.
+    moved alias marks it stale; its code version covers the version resolved at load. For a
+    served model, declare what the endpoint serves (``Endpoint(..., protocol="mlflow",
+    served_model_uri="models:/risk@champion")``) and watch that URI: the predictions are then
+    keyed, and the metadata named, by the served version as for an in-process model.
     ``deps``: other upstream assets (e.g. the asset that trains and registers the model);
     ``prepare``: a function applied to the upstream table before scoring (e.g. adding the
     model column).
