@@ -16,8 +16,10 @@ local MLflow registry (SQLite), and the same rows are scored:
   (what a per-row loop over a REST endpoint does), on ``--served-rows`` rows.
 
 Each measurement gets a fresh ledger, so each scores every row; Spark and its Python workers
-are started and warmed on other rows before the clock runs. Figures taken on a shared 2-core
-machine vary by tens of percent between runs.
+are started and warmed on other rows before the clock runs. A Spark pass over 100,000 rows
+takes about a second, so the three Spark variants run ``--spark-rounds`` times, interleaved,
+and each reports its best round. Figures taken on a shared 2-core machine vary by tens of
+percent between runs.
 
 Run::
 
@@ -95,7 +97,8 @@ def bench_in_process(tmp: Path, registry: LocalRegistry, frame) -> dict[str, flo
     return {"ceiling": n / ceiling, "ours": n / ours, "rerun": n / rerun}
 
 
-def bench_spark(tmp: Path, registry: LocalRegistry, frame) -> dict[str, float]:
+def bench_spark(tmp: Path, registry: LocalRegistry, frame, rounds: int = 3
+                ) -> dict[str, float]:
     import mlflow.pyfunc
     from pyspark.sql import SparkSession
 
@@ -129,11 +132,13 @@ def bench_spark(tmp: Path, registry: LocalRegistry, frame) -> dict[str, float]:
         run_seed(warm)
         run_ours(warm)
         run_ours(warm, use_ledger=True)
-        seed_s, _ = _timed(lambda: run_seed(df))
-        plain_s, _ = _timed(lambda: run_ours(df))
-        keyed_s, _ = _timed(lambda: run_ours(df, use_ledger=True))
-        n = len(frame)
-        return {"spark_udf": n / seed_s, "default": n / plain_s, "ledger": n / keyed_s}
+        best = {"spark_udf": float("inf"), "default": float("inf"), "ledger": float("inf")}
+        for _ in range(rounds):  # interleaved: a noisy moment costs every variant alike
+            for name, run in (("spark_udf", lambda: run_seed(df)),
+                              ("default", lambda: run_ours(df)),
+                              ("ledger", lambda: run_ours(df, use_ledger=True))):
+                best[name] = min(best[name], _timed(run)[0])
+        return {name: len(frame) / seconds for name, seconds in best.items()}
     finally:
         spark.stop()
 
@@ -172,6 +177,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--served-rows", type=int, default=2_000)
     parser.add_argument("--skip-spark", action="store_true")
+    parser.add_argument("--spark-rounds", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
@@ -187,9 +193,10 @@ def main() -> None:
         print(f"              predict() with the ledger                {inproc['ours']:>11,.0f}")
         print(f"              predict() rerun, all from the ledger     {inproc['rerun']:>11,.0f}")
         if not args.skip_spark:
-            spark = bench_spark(tmp, registry, frame)
+            spark = bench_spark(tmp, registry, frame, args.spark_rounds)
             seed = spark["spark_udf"]
-            print(f"  Spark [2]   mlflow.pyfunc.spark_udf                  {seed:>11,.0f}")
+            print(f"  Spark [2]   mlflow.pyfunc.spark_udf (best of {args.spark_rounds})"
+                  f"        {seed:>11,.0f}")
             print(f"              model_udf (default: nothing kept)        "
                   f"{spark['default']:>11,.0f}   {spark['default'] / seed:.2f}x spark_udf "
                   "(target >= 1.0x)")

@@ -21,6 +21,7 @@ from ..scoring_assets import (
 )
 from .inference import ResolvedAssetAttributes, ResolvedPartitionsDefinition, _as_resolved
 from .resource_attributes import ResolvedResource
+from .scaffolder import ScoringScaffolder
 
 
 @dataclass
@@ -52,6 +53,7 @@ class AliasSensorArgs(dg.Resolvable):
     )] = False
 
 
+@dg.scaffold_with(ScoringScaffolder)
 @dataclass
 class ModelScoringComponent(dg.Component, dg.Resolvable):
     """Scores an upstream table with a traditional ML model (MLflow), declared in YAML.
@@ -78,6 +80,9 @@ class ModelScoringComponent(dg.Component, dg.Resolvable):
               - {name: risk, model_uri: "models:/risk@champion"}
             mlflow_registry_uri: sqlite:///data/mlflow/mlflow.db
             store_url: {env: BATCHLLM_STORE_URL}
+
+    ``dg scaffold defs dagster_batchllm.ModelScoringComponent <name>`` writes a defs.yaml that
+    loads as it is (see :mod:`.scaffolder`).
     """
 
     name: Annotated[str, dg.Resolver.default(

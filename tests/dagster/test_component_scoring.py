@@ -129,3 +129,26 @@ def test_the_scoring_component_is_in_the_dg_registry():
     schema = ModelScoringComponent.model().model_json_schema()
     assert {"model", "input_columns", "model_version", "alias_sensor", "asset_attributes",
             "resource"} <= set(schema["properties"])
+
+
+def test_the_scaffolded_defs_yaml_loads_and_scores_once_pointed_at_the_registry(registry,
+                                                                                 tmp_path):
+    with create_defs_folder_sandbox() as sandbox:
+        path = sandbox.scaffold_component(
+            component_cls=ModelScoringComponent, defs_path="risk_scores",
+            scaffold_params={"source": "warehouse/features", "model": "risk",
+                             "output_column": "risk"})
+        text = (path / "defs.yaml").read_text()
+        with sandbox.load_component_and_build_defs(defs_path=path) as (component, _):
+            assert (component.model_name, component.input_columns) == ("risk", FEATURES)
+        # What the user edits: where the registry and the ledger are.
+        (path / "defs.yaml").write_text(
+            text.replace("sqlite:///mlflow.db", registry.uri)
+            .replace("sqlite:///batchllm.db", f"sqlite:///{tmp_path / 'ledger.db'}"))
+        with sandbox.load_component_and_build_defs(defs_path=path) as (_, defs):
+            scores, llm = defs.get_assets_def("risk_scores"), defs.resources["llm"]
+            result = dg.materialize([features, scores], resources={"llm": llm})
+    assert result.success
+    table = result.output_for_node("risk_scores")
+    assert table["risk"].drop(index=4).tolist() == fit_risk_model(1).predict(
+        table.drop(index=4)[FEATURES].astype(float)).tolist()
