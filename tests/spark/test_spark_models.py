@@ -223,3 +223,32 @@ def test_model_udf_and_predict_share_the_ledger_and_a_rerun_scores_nothing(spark
     with InferenceClient(settings) as client:  # and predict() takes model_udf's answers
         again = client.predict(frame, model="risk", input_columns=FEATURES)
     assert again.stats.cached == 400
+
+
+def test_model_udf_on_a_served_model_keys_its_declared_version_as_predict_does(
+        spark, mlflow_registry, tmp_path):
+    """Served through the pool from the executors with the driver's resolution of the
+    endpoint's served_model_uri: predict() afterwards finds every row under the same keys."""
+    from dagster_batchllm.testing.mlflow_registry import ModelServer
+
+    from dagster_batchllm.core.client import InferenceClient
+    from dagster_batchllm.core.settings import EndpointSpec
+
+    frame = _frame(300, seed=46)
+    with ModelServer("models:/risk/1", tracking_uri=mlflow_registry.uri) as server:
+        served = InferenceSettings(
+            endpoints=(EndpointSpec(name="scoring", base_url=server.base_url,
+                                    models=("risk-served",), protocol="mlflow",
+                                    served_model_uri="models:/risk/1"),),
+            mlflow_registry_uri=mlflow_registry.uri,
+            store_url=f"sqlite:///{tmp_path / 'ledger.db'}", ledger_flush_interval_s=0.05)
+        predict = model_udf(spark, "risk-served", served, use_ledger=True,
+                            rows_per_request=100)
+        out = spark.createDataFrame(frame).repartition(2).withColumn("p", predict(*FEATURES))
+        out = out.select("row_id", "p.result", "p.errorMessage").toPandas().sort_values("row_id")
+        assert out["result"].tolist() == fit_risk_model(1).predict(frame[FEATURES]).tolist()
+        assert out["errorMessage"].isna().all()
+        with InferenceClient(served) as client:
+            again = client.predict(frame, model="risk-served", input_columns=FEATURES)
+    assert again.stats.cached == 300 and again.stats.requests == 0
+    assert again.models["risk-served"]["version"] == "1"
