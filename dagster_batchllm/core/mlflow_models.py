@@ -96,7 +96,7 @@ def _resolve_served(ref: str, endpoints: list[EndpointSpec], settings: Inference
     declared = {(e.served_model_uri, e.served_model_version) for e in endpoints}
     base = ResolvedModel(name=ref, kind=SERVED, identity=f"served:{ref}")
     if len(declared) > 1:  # the pool spreads rows over them: which version answered is unknown
-        said = ", ".join(f"'{e.name}': {e.served_model_uri or e.served_model_version}"
+        said = ", ".join(f"'{e.name}': {e.served_model_uri or e.served_model_version or '-'}"
                          for e in endpoints)
         return replace(base, error=f"served model '{ref}': its endpoints declare different "
                                    f"models ({said}); a model's endpoints must serve the same")

@@ -92,7 +92,8 @@ def model_udf(spark: Any, model: str, llm: Any, *, result_type: str = "double",
     keys every prediction in the ledger (model version and input row): a retried task or a
     rerun scores only rows without an answer, ``predict()`` takes these answers and these take
     its; it costs a ledger write per distinct row (several microseconds, and SQLite takes one
-    writer at a time), more than a model this cheap. Served models need ``use_ledger=True``."""
+    writer at a time), more than a cheap model's predict. Served models need
+    ``use_ledger=True``."""
     from pyspark.sql import Column
     from pyspark.sql import functions as F
     from pyspark.sql.functions import pandas_udf
