@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ..core.gc_pacing import fewer_collections
@@ -56,8 +57,10 @@ class ModelJob:
         return BackgroundWrites(client_for(self.settings).ledger,
                                 outage_s=self.settings.ledger_outage_s)
 
-    def score(self, frame: pd.DataFrame, writes: BackgroundWrites | None = None
-              ) -> tuple[list[Any], list[str | None]]:
+    def score(self, frame: pd.DataFrame, writes: BackgroundWrites | None = None, *,
+              column: bool = False) -> tuple[Any, list[str | None]]:
+        """(predictions, errors) per row; ``column``: predictions as one array where the
+        result type allows (a pandas UDF's column), else a list of Python values."""
         if self.keyed:
             # The batch's keys, lookups, model call and ledger writes in bulk: the engine's
             # bookkeeping per row would cost a hundred times what such a model does.
@@ -74,7 +77,9 @@ class ModelJob:
             errors = result.df[result.error_column].tolist()
         else:
             outputs, errors = self._score_directly(frame)
-        values = [_as_type(v, self.result_type) for v in outputs]
+        values = _as_column(outputs, self.result_type) if column else None
+        if values is None:
+            values = [_as_type(v, self.result_type) for v in outputs]
         if self.fail_on_error:
             failed = [e for e in errors if e is not None]
             if failed:
@@ -89,30 +94,36 @@ class ModelJob:
 
     def _score_directly(self, frame: pd.DataFrame) -> tuple[list[Any], list[str | None]]:
         models = dict(self.models)
+        features = frame[list(self.call.input_columns)]
+        if self.call.model is not None:  # one model: the batch as it is, as spark_udf scores it
+            name = self.call.model
+            return self._predict_or_fail(name, models.get(name), features)
         n = len(frame)
-        names = ([self.call.model] * n if self.call.model is not None
-                 else frame[self.call.model_column].tolist())
+        names = frame[self.call.model_column].tolist()
         outputs: list[Any] = [None] * n
         errors: list[str | None] = [None] * n
-        features = frame[list(self.call.input_columns)]
         for name in dict.fromkeys(names):
             rows = [i for i, m in enumerate(names) if m == name]
             model = models.get(name) if isinstance(name, str) else None
-            problem = _unusable(name, model, self.call.model_column)
-            if problem is None:
-                try:
-                    pyfunc = load_model(model)
-                except Exception as exc:
-                    problem = f"unsupported_model: model '{name}' could not be loaded: {exc}"
-            if problem is not None:
-                for i in rows:
-                    errors[i] = problem
-                continue
-            values, failed = predict_isolating_errors(
-                pyfunc, features.iloc[rows].reset_index(drop=True), name)
+            values, failed = self._predict_or_fail(
+                name, model, features.iloc[rows].reset_index(drop=True))
             for i, value, error in zip(rows, values, failed, strict=True):
                 outputs[i], errors[i] = value, error
         return outputs, errors
+
+    def _predict_or_fail(self, name: Any, model: ResolvedModel | None, features: pd.DataFrame
+                         ) -> tuple[list[Any], list[str | None]]:
+        """One plain predict of ``features`` by ``model``; every row failing with the reason
+        where the model cannot be used or loaded, a rejected row alone with the model's."""
+        problem = _unusable(name, model, self.call.model_column)
+        if problem is None:
+            try:
+                pyfunc = load_model(model)
+            except Exception as exc:
+                problem = f"unsupported_model: model '{name}' could not be loaded: {exc}"
+        if problem is not None:
+            return [None] * len(features), [problem] * len(features)
+        return predict_isolating_errors(pyfunc, features, name)
 
 
 def _unusable(name: Any, model: ResolvedModel | None, column: str | None) -> str | None:
@@ -126,6 +137,19 @@ def _unusable(name: Any, model: ResolvedModel | None, column: str | None) -> str
         return (f"unsupported_model: '{name}' is served; use_ledger=False scores in-process "
                 "models only (pass use_ledger=True)")
     return None
+
+
+def _as_column(values: list[Any], result_type: str) -> Any:
+    """A double or float column as one float64 array (a row without a prediction as NaN, which
+    the Arrow conversion writes as null, as ``_as_type``'s None): no Python call per row. None
+    for other types, or values that are not all numbers (they go through ``_as_type``)."""
+    if result_type.lower() not in ("double", "float"):
+        return None
+    try:
+        column = np.array(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    return column if column.shape == (len(values),) else None  # not rows of lists
 
 
 def _as_type(value: Any, result_type: str) -> Any:
@@ -159,9 +183,11 @@ def scalar_function(job: ModelJob, feature_names: list[str]):
                 for features in batches:
                     frame = features.copy(deep=False)
                     frame.columns = feature_names
-                    values, errors = job.score(frame.reset_index(drop=True), writes)
+                    values, errors = job.score(frame.reset_index(drop=True), writes,
+                                               column=True)
                     if job.fail_on_error:
-                        yield pd.Series(values, dtype=object)
+                        yield pd.Series(values, dtype=None if isinstance(values, np.ndarray)
+                                        else object)
                     else:
                         yield pd.DataFrame({RESULT_FIELD: values, ERROR_FIELD: errors})
         finally:  # also when Spark stops reading early (a limit): what was scored is kept

@@ -103,6 +103,7 @@ def test_a_row_the_model_rejects_fails_alone_in_spark(spark, settings, use_ledge
     errors = out.set_index("row_id")["p"].map(lambda p: p["errorMessage"])
     assert errors.notna().tolist() == [i == 10 for i in range(50)]
     assert errors[10].startswith("invalid_input: model 'risk' rejected the input")
+    assert out.set_index("row_id")["p"][10]["result"] is None  # null, not NaN
     good = frame.drop(index=10).astype({"f1": float})
     assert out.set_index("row_id").drop(index=10)["p"].map(
         lambda p: p["result"]).tolist() == fit_risk_model(1).predict(good[FEATURES]).tolist()
@@ -252,3 +253,17 @@ def test_model_udf_on_a_served_model_keys_its_declared_version_as_predict_does(
             again = client.predict(frame, model="risk-served", input_columns=FEATURES)
     assert again.stats.cached == 300 and again.stats.requests == 0
     assert again.models["risk-served"]["version"] == "1"
+
+
+def test_a_double_column_is_one_array_and_anything_else_goes_row_by_row():
+    import numpy as np
+
+    from dagster_batchllm.spark.model_worker import _as_column, _as_type
+
+    column = _as_column([1, 0.5, None, True, "2.5"], "double")
+    assert column.dtype == np.float64 and np.isnan(column[2])
+    assert column[[0, 1, 3, 4]].tolist() == [_as_type(v, "double") for v in (1, 0.5, True, "2.5")]
+    # Rows of lists, text that is no number, other result types: each row as _as_type has it.
+    assert _as_column([[0.1, 0.9], [0.2, 0.8]], "double") is None
+    assert _as_column([0.1, "high"], "double") is None
+    assert _as_column([1, 2], "bigint") is None
