@@ -174,10 +174,11 @@ class ModelScoringComponent(dg.Component, dg.Resolvable):
                     uri = uri or endpoint.served_model_uri
             registry = registry or _plain(resource.mlflow_registry_uri)
         if uri is None:
+            why = ("the rows name their models (model_column)" if self.model_name is None else
+                   f"the component's resource has no MlflowModel '{self.model_name}' nor an "
+                   "mlflow endpoint with served_model_uri serving it")
             raise dg.DagsterInvalidDefinitionError(
-                f"{where}: model_version needs model_uri (e.g. models:/risk@champion): the "
-                f"component's resource has no MlflowModel '{self.model_name}' nor an mlflow "
-                "endpoint with served_model_uri serving it.")
+                f"{where}: model_version needs model_uri (e.g. models:/risk@champion): {why}.")
         return uri, registry
 
 
