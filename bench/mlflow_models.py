@@ -7,15 +7,19 @@ local MLflow registry (SQLite), and the same rows are scored:
 * ``predict()`` in process: ``InferenceClient.predict``, every row keyed and written to a
   SQLite ledger (what makes reruns free), groups of ``rows_per_batch`` rows per predict call;
 * Spark local[2]: ``mlflow.pyfunc.spark_udf`` + ``withColumn`` (the seed's pattern) against
-  ``model_udf`` (ours, the same ledger writes on the executors), both written to Spark's
-  ``noop`` sink so the whole column is computed;
+  ``model_udf`` (ours): by default, which keeps nothing as spark_udf does (the target), and with
+  ``use_ledger=True``, every row keyed and written to a SQLite ledger on the executors (what
+  makes reruns free; SQLite takes one writer at a time); all written to Spark's ``noop`` sink so
+  the whole column is computed;
 * served: ``mlflow models serve`` (one uvicorn worker) answering ``predict()`` with many rows
   per ``/invocations`` request through the pool, against one row per request from 8 threads
   (what a per-row loop over a REST endpoint does), on ``--served-rows`` rows.
 
 Each measurement gets a fresh ledger, so each scores every row; Spark and its Python workers
-are started and warmed on other rows before the clock runs. Figures taken on a shared 2-core
-machine vary by tens of percent between runs.
+are started and warmed on other rows before the clock runs. A Spark pass over 100,000 rows
+takes well under a second, so spark_udf and the default model_udf run ``--spark-rounds`` times,
+interleaved, then model_udf with the ledger as often, and each reports its best round. Figures
+taken on a shared 2-core machine vary by tens of percent between runs.
 
 Run::
 
@@ -93,7 +97,8 @@ def bench_in_process(tmp: Path, registry: LocalRegistry, frame) -> dict[str, flo
     return {"ceiling": n / ceiling, "ours": n / ours, "rerun": n / rerun}
 
 
-def bench_spark(tmp: Path, registry: LocalRegistry, frame) -> dict[str, float]:
+def bench_spark(tmp: Path, registry: LocalRegistry, frame, rounds: int = 3
+                ) -> dict[str, float]:
     import mlflow.pyfunc
     from pyspark.sql import SparkSession
 
@@ -117,7 +122,7 @@ def bench_spark(tmp: Path, registry: LocalRegistry, frame) -> dict[str, float]:
             data.withColumn("prediction", seed_udf(*FEATURES)) \
                 .write.format("noop").mode("overwrite").save()
 
-        def run_ours(data, use_ledger=True):
+        def run_ours(data, use_ledger=False):
             ours_udf = model_udf(spark, "risk", settings.replace(
                 store_url=f"sqlite:///{tmp / f'spark-{time.monotonic_ns()}.db'}"),
                 use_ledger=use_ledger)
@@ -126,12 +131,17 @@ def bench_spark(tmp: Path, registry: LocalRegistry, frame) -> dict[str, float]:
 
         run_seed(warm)
         run_ours(warm)
-        run_ours(warm, use_ledger=False)
-        seed_s, _ = _timed(lambda: run_seed(df))
-        ours_s, _ = _timed(lambda: run_ours(df))
-        plain_s, _ = _timed(lambda: run_ours(df, use_ledger=False))
-        n = len(frame)
-        return {"spark_udf": n / seed_s, "ours": n / ours_s, "plain": n / plain_s}
+        best = {"spark_udf": float("inf"), "default": float("inf"), "ledger": float("inf")}
+        for _ in range(rounds):  # interleaved: a noisy moment costs both alike
+            for name, run in (("spark_udf", lambda: run_seed(df)),
+                              ("default", lambda: run_ours(df))):
+                best[name] = min(best[name], _timed(run)[0])
+        # After, warmed here: in these runs, passes of the plain ones that followed a ledger
+        # pass (its SQLite writes, its workers' clients) were slower by up to a third.
+        run_ours(warm, use_ledger=True)
+        for _ in range(rounds):
+            best["ledger"] = min(best["ledger"], _timed(lambda: run_ours(df, use_ledger=True))[0])
+        return {name: len(frame) / seconds for name, seconds in best.items()}
     finally:
         spark.stop()
 
@@ -170,6 +180,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--served-rows", type=int, default=2_000)
     parser.add_argument("--skip-spark", action="store_true")
+    parser.add_argument("--spark-rounds", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
@@ -185,13 +196,15 @@ def main() -> None:
         print(f"              predict() with the ledger                {inproc['ours']:>11,.0f}")
         print(f"              predict() rerun, all from the ledger     {inproc['rerun']:>11,.0f}")
         if not args.skip_spark:
-            spark = bench_spark(tmp, registry, frame)
+            spark = bench_spark(tmp, registry, frame, args.spark_rounds)
             seed = spark["spark_udf"]
-            print(f"  Spark [2]   mlflow.pyfunc.spark_udf                  {seed:>11,.0f}")
-            print(f"              model_udf, use_ledger=False              {spark['plain']:>11,.0f}"
-                  f"   {spark['plain'] / spark['spark_udf']:.2f}x spark_udf (target >= 1.0x)")
-            print(f"              model_udf, every row in the ledger       {spark['ours']:>11,.0f}"
-                  f"   {spark['ours'] / spark['spark_udf']:.2f}x spark_udf")
+            print(f"  Spark [2]   mlflow.pyfunc.spark_udf (best of {args.spark_rounds})"
+                  f"        {seed:>11,.0f}")
+            print(f"              model_udf (default: nothing kept)        "
+                  f"{spark['default']:>11,.0f}   {spark['default'] / seed:.2f}x spark_udf "
+                  "(target >= 1.0x)")
+            print(f"              model_udf(use_ledger=True), resumable    "
+                  f"{spark['ledger']:>11,.0f}   {spark['ledger'] / seed:.2f}x spark_udf")
         served = bench_served(tmp, registry, frame, args.served_rows)
         print(f"  served      one row per request, 8 threads ({args.served_rows} rows)"
               f"  {served['one_row_per_request']:>9,.0f}")

@@ -17,6 +17,7 @@ _install_moved_module_paths()
 _LAZY = {
     "build_inference_asset": "dagster_batchllm.asset_factory",
     "BatchInferenceComponent": "dagster_batchllm.components.inference",
+    "ModelScoringComponent": "dagster_batchllm.components.scoring",
     "build_retry_partitions_sensor": "dagster_batchllm.sensors",
     "build_new_data_sensor": "dagster_batchllm.sensors",
     "build_batch_collect_sensor": "dagster_batchllm.sensors",
@@ -65,6 +66,7 @@ __all__ = [
     "stats_metadata",
     "ManagedEndpoint",
     "ModelPrice",
+    "ModelScoringComponent",
     "MlflowModel",
     "PredictionResult",
     "build_scoring_asset",
@@ -77,6 +79,7 @@ __all__ = [
 if TYPE_CHECKING:
     from .asset_factory import build_inference_asset
     from .components.inference import BatchInferenceComponent
+    from .components.scoring import ModelScoringComponent
     from .core.client import InferenceClient
     from .core.embed_call import EmbedCall
     from .core.errors import BatchLLMError, ErrorType, InferenceConfigError

@@ -91,6 +91,8 @@ class Endpoint(dg.Config):
     max_requests_per_batch: int = _declared(EndpointSpec, "max_requests_per_batch")
     max_bytes_per_batch: int = _declared(EndpointSpec, "max_bytes_per_batch")
     protocol: Literal["openai", "mlflow"] = _declared(EndpointSpec, "protocol")
+    served_model_uri: str | None = _declared(EndpointSpec, "served_model_uri")
+    served_model_version: str | None = _declared(EndpointSpec, "served_model_version")
 
     def to_spec(self) -> EndpointSpec:
         return EndpointSpec(**_spec_values(self, EndpointSpec))

@@ -18,12 +18,12 @@
 import hashlib
 import json
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
 
-from .asset_factory import _asset_key
+from .asset_factory import _asset_attributes, _asset_key
 from .checks import inference_check_specs
 from .core.errors import InferenceConfigError
 from .core.ledger import validate_identifier
@@ -110,16 +110,24 @@ def build_scoring_asset(
     warn_failed_rate: float = 0.01,
     error_failed_rate: float = 0.10,
     preview_rows: int = 5,
+    asset_attributes: Mapping[str, Any] | None = None,
 ) -> dg.AssetsDefinition:
     """A software-defined asset scoring an upstream table with an MLflow model.
 
     ``model``: a name of the resource's ``mlflow_models`` (or a model an ``mlflow`` endpoint
     serves, or a URI); ``model_column``: a column naming each row's model instead.
     ``model_asset`` (from :func:`build_model_version_asset`): the asset depends on it, so a
-    moved alias marks it stale; its code version covers the version resolved at load.
+    moved alias marks it stale; its code version covers the version resolved at load. For a
+    served model, declare what the endpoint serves (``Endpoint(..., protocol="mlflow",
+    served_model_uri="models:/risk@champion")``) and watch that URI: the predictions are then
+    keyed, and the metadata named, by the served version as for an in-process model.
     ``deps``: other upstream assets (e.g. the asset that trains and registers the model);
     ``prepare``: a function applied to the upstream table before scoring (e.g. adding the
-    model column).
+    model column). ``asset_attributes``: Dagster's (what a component's ``asset_attributes:``
+    resolves to: ``group_name``, ``description``, ``kinds``, ``tags``, ``owners``,
+    ``metadata``, ``deps``, ``code_version``, ``automation_condition``, ``freshness_policy``);
+    ``deps`` add to the model asset, an explicit ``code_version`` replaces the one that
+    follows the model version.
 
     Example::
 
@@ -140,6 +148,8 @@ def build_scoring_asset(
     if partition_column is not None and partitions_def is None:
         raise dg.DagsterInvalidDefinitionError(
             f"{where}: partition_column is only meaningful with partitions_def.")
+    attributes = _asset_attributes(where, asset_attributes, group_name=group_name,
+                                   description=description)
     asset_key = dg.AssetKey([name])
     watched = _watched(model_asset) if model_asset is not None else None
     version = _version_at_load(*watched) if watched else None
@@ -199,21 +209,24 @@ def build_scoring_asset(
         return dg.asset(
             name=name,
             ins={"source_table": dg.AssetIn(key=_asset_key(source))},
-            deps=[*([model_asset.key] if model_asset is not None else []),
-                  *(_asset_key(d) for d in deps or [])] or None,
             partitions_def=partitions_def,
             backfill_policy=backfill_policy,
             check_specs=inference_check_specs(asset_key, partitions_def),
             required_resource_keys={resource_key},
-            group_name=group_name,
-            kinds={"mlflow", "pandas"},
-            code_version=code_version,
-            description=description or (
-                f"Scores with {who}: features "
-                f"{', '.join(f'`{c}`' for c in call.input_columns)}; predictions in "
-                f"`{output_column}`, failed rows' reasons in `{call.error_column}`. "
-                f"Code version `{code_version}` covers the model version."),
-            metadata={"batchllm/output_column": output_column},
+            **{**attributes,
+               "deps": [*([model_asset.key] if model_asset is not None else []),
+                        *(_asset_key(d) for d in [*(deps or []),
+                                                  *(attributes.get("deps") or [])])] or None,
+               "kinds": set(attributes.get("kinds") or {"mlflow", "pandas"}),
+               # The user's own code_version is their call (it then no longer follows the model).
+               "code_version": attributes.get("code_version") or code_version,
+               "description": attributes.get("description") or (
+                   f"Scores with {who}: features "
+                   f"{', '.join(f'`{c}`' for c in call.input_columns)}; predictions in "
+                   f"`{output_column}`, failed rows' reasons in `{call.error_column}`. "
+                   f"Code version `{code_version}` covers the model version."),
+               "metadata": {**(attributes.get("metadata") or {}),
+                            "batchllm/output_column": output_column}},
         )(_scoring_asset)
 
 
@@ -242,7 +255,9 @@ def _model_metadata(described: dict[str, Any], name: str) -> dict[str, Any]:
 
 def build_model_alias_sensor(scoring_asset: dg.AssetsDefinition, model_asset: dg.SourceAsset,
                              *, name: str | None = None, minimum_interval_seconds: int = 60,
-                             rerun: bool = True) -> dg.SensorDefinition:
+                             rerun: bool = True,
+                             default_status: dg.DefaultSensorStatus =
+                             dg.DefaultSensorStatus.STOPPED) -> dg.SensorDefinition:
     """A sensor that watches where ``model_asset``'s alias points. When it moves, it records an
     observation with the new version (the scoring asset shows stale) and, with ``rerun``,
     requests a run of the scoring asset: each materialized partition of a partitioned one."""
@@ -251,7 +266,7 @@ def build_model_alias_sensor(scoring_asset: dg.AssetsDefinition, model_asset: dg
 
     @dg.sensor(name=name or f"{target.to_python_identifier()}_model_alias",
                minimum_interval_seconds=minimum_interval_seconds,
-               asset_selection=[target], default_status=dg.DefaultSensorStatus.STOPPED,
+               asset_selection=[target], default_status=default_status,
                description=f"Watches {model_uri}: when it resolves to a new version, marks "
                f"{target.to_user_string()} stale and re-scores it.")
     def _alias_sensor(context: dg.SensorEvaluationContext):

@@ -1,5 +1,6 @@
-"""Components: inference assets declared in ``defs.yaml``."""
+"""Components: inference and scoring assets declared in ``defs.yaml``."""
 
 from .inference import BatchInferenceComponent
+from .scoring import ModelScoringComponent
 
-__all__ = ["BatchInferenceComponent"]
+__all__ = ["BatchInferenceComponent", "ModelScoringComponent"]

@@ -1,4 +1,5 @@
-"""``dg scaffold defs dagster_batchllm.BatchInferenceComponent <name>``: a defs.yaml that loads.
+"""``dg scaffold defs dagster_batchllm.BatchInferenceComponent <name>`` (and
+``ModelScoringComponent``): a defs.yaml that loads.
 
 Dagster's default scaffolder writes ``attributes: {}``, which cannot load (an inference asset
 needs a name, a source and a prompt). This one writes a complete, commented file that loads as
@@ -84,5 +85,67 @@ def defs_yaml(type_name: str, name: str, params: InferenceScaffoldParams) -> str
         "  resource:\n"
         "    managed_endpoints: [{kind: classical}]\n"
         "    default_model: local\n"
+        "    store_url: sqlite:///batchllm.db   # the results ledger: any SQLAlchemy URL\n"
+    )
+
+
+class ScoringScaffoldParams(BaseModel):
+    """What ``--json-params`` may say to ``dg scaffold defs
+    dagster_batchllm.ModelScoringComponent <name>``; everything has a default that loads."""
+
+    source: str = Field(default="features",
+                        description="The upstream asset whose table is scored.")
+    model: str = Field(default="risk", description="The model's name in the resource.")
+    model_uri: str = Field(default="models:/risk@champion",
+                           description="Where MLflow finds it (models:/name@alias, a path).")
+    input_columns: list[str] = Field(default_factory=lambda: ["f1", "f2"],
+                                     description="The columns the model reads.")
+    output_column: str = Field(default="prediction", description="The prediction column.")
+
+
+class ScoringScaffolder(Scaffolder[ScoringScaffoldParams]):
+    """A complete, commented defs.yaml that loads as it is (the model is only looked up when
+    the asset runs), for the user to point at their table, model and registry."""
+
+    @classmethod
+    def get_scaffold_params(cls) -> type[ScoringScaffoldParams]:
+        return ScoringScaffoldParams
+
+    def scaffold(self, request: ScaffoldRequest[ScoringScaffoldParams]) -> None:
+        if request.scaffold_format != "yaml":
+            raise dg.DagsterInvalidDefinitionError(
+                "ModelScoringComponent scaffolds a defs.yaml only; run dg scaffold without "
+                "--format python.")
+        params = request.params or ScoringScaffoldParams()
+        request.target_path.mkdir(parents=True, exist_ok=True)
+        (request.target_path / "defs.yaml").write_text(
+            scoring_defs_yaml(request.type_name, request.target_path.name, params))
+
+
+def scoring_defs_yaml(type_name: str, name: str, params: ScoringScaffoldParams) -> str:
+    columns = ", ".join(yaml_text(c) for c in params.input_columns)
+    return (
+        f"type: {type_name}\n"
+        "attributes:\n"
+        f"  name: {yaml_text(name)}\n"
+        f"  source: {yaml_text(params.source)}       # the upstream asset whose table is "
+        "scored\n"
+        f"  model: {yaml_text(params.model)}\n"
+        f"  input_columns: [{columns}]   # named as the model's features\n"
+        f"  output_column: {yaml_text(params.output_column)}\n"
+        "  # key_columns: [row_id]\n"
+        "  # partitions_def: {type: daily, start_date: \"2026-01-01\"}\n"
+        "  # The model's registry version as an asset the scores depend on (a moved alias\n"
+        "  # marks them stale), and a sensor that re-scores when it moves:\n"
+        f"  # model_version: {{name: {params.model}_model}}\n"
+        "  # alias_sensor: {minimum_interval_seconds: 300}\n"
+        "  # asset_attributes: {group_name: scoring, owners: [\"team:data\"]}\n"
+        "  # Or drop `resource` and provide a BatchInferenceResource as `llm` in your "
+        "definitions.\n"
+        "  resource:\n"
+        "    mlflow_models:\n"
+        f"      - {{name: {yaml_text(params.model)}, model_uri: "
+        f"{yaml_text(params.model_uri)}}}\n"
+        "    mlflow_registry_uri: sqlite:///mlflow.db   # your MLflow registry\n"
         "    store_url: sqlite:///batchllm.db   # the results ledger: any SQLAlchemy URL\n"
     )

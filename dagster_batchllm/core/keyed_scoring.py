@@ -11,7 +11,7 @@ Python values, looked up with :meth:`~.ledger.Ledger.lookup_ok`, the missing row
 
 The keys are :class:`~.predict.PredictTask`'s, byte for byte (numeric columns take a faster
 road to the same values; any other column goes through ``PredictTask.requests`` itself), so
-``predict()`` and ``model_udf`` answer each other's rows from the ledger.
+``predict()`` and ``model_udf(..., use_ledger=True)`` answer each other's rows from the ledger.
 
 What the engine gives that this leaves out, and why that is right for in-process models: no
 journal (an answer costs no money; one lost in a crash between the model and the write is

@@ -4,7 +4,10 @@ A call names models as the user thinks of them (``risk``, ``models:/risk@champio
 artifact, a folder). Before anything is sent each is *resolved* to what pins it: a registered
 model's version (an alias or stage read from the registry now, so a moved alias means the new
 version), a run's artifact, a folder's ``model_uuid``. That identity goes into every request key,
-so the ledger keeps each version's predictions apart and a new version is scored afresh.
+so the ledger keeps each version's predictions apart and a new version is scored afresh. A served
+model (an ``mlflow`` endpoint) is pinned the same way where its endpoint declares what it serves
+(``served_model_uri``, read from the registry, or ``served_model_version``); undeclared, its key
+covers the name only.
 
 Loading is per process and per identity (:func:`load_model`): a Spark Python worker, a Dagster
 step or a script loads each model once, whatever the number of batches or calls.
@@ -24,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import InferenceConfigError
-from .settings import InferenceSettings, MlflowModelSpec
+from .settings import EndpointSpec, InferenceSettings, MlflowModelSpec
 
 IN_PROCESS, SERVED = "in_process", "served"
 _MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<ref>[^/]+))?/?$")
@@ -61,12 +64,15 @@ def looks_like_uri(ref: str) -> bool:
 def resolve_models(settings: InferenceSettings, refs: list[str]) -> dict[str, ResolvedModel]:
     """Each model a call names, resolved (unknown or unresolvable ones carry ``error``)."""
     specs = {m.name: m for m in settings.mlflow_models}
-    served = {m for e in settings.endpoints if e.protocol == "mlflow" for m in e.models}
+    served: dict[str, list[EndpointSpec]] = {}
+    for endpoint in settings.endpoints:
+        if endpoint.protocol == "mlflow":
+            for model in endpoint.models:
+                served.setdefault(model, []).append(endpoint)
     out: dict[str, ResolvedModel] = {}
     for ref in dict.fromkeys(refs):
         if ref in served:
-            # A served model's version is the server's business: the key covers its name.
-            out[ref] = ResolvedModel(name=ref, kind=SERVED, identity=f"served:{ref}")
+            out[ref] = _resolve_served(ref, served[ref], settings)
         elif ref in specs:
             out[ref] = _resolve_uri(ref, specs[ref], settings)
         elif looks_like_uri(ref):
@@ -79,6 +85,32 @@ def resolve_models(settings: InferenceSettings, refs: list[str]) -> dict[str, Re
                       f"'{ref}', model_uri=...)]) or name a URI (models:/..., runs:/..., a path); "
                       f"known: {known}")
     return out
+
+
+def _resolve_served(ref: str, endpoints: list[EndpointSpec], settings: InferenceSettings
+                    ) -> ResolvedModel:
+    """A served model, pinned as far as its endpoints declare what they serve: the version
+    (``served_model_uri`` read from the registry now, or ``served_model_version``) joins the
+    name in the key, so a redeploy of another version under the same name is scored afresh.
+    Undeclared, the key covers the name only (the server's version is its own business)."""
+    declared = {(e.served_model_uri, e.served_model_version) for e in endpoints}
+    base = ResolvedModel(name=ref, kind=SERVED, identity=f"served:{ref}")
+    if len(declared) > 1:  # the pool spreads rows over them: which version answered is unknown
+        said = ", ".join(f"'{e.name}': {e.served_model_uri or e.served_model_version or '-'}"
+                         for e in endpoints)
+        return replace(base, error=f"served model '{ref}': its endpoints declare different "
+                                   f"models ({said}); a model's endpoints must serve the same")
+    uri, version = declared.pop()
+    if version is not None:
+        return replace(base, identity=f"served:{ref}|version:{version}", version=version)
+    if uri is None:
+        return base
+    pinned = _resolve_uri(ref, MlflowModelSpec(name=ref, model_uri=uri), settings)
+    if pinned.error:
+        return replace(base, uri=uri, error=pinned.error.replace(
+            f"model '{ref}'", f"served model '{ref}' (served_model_uri)", 1))
+    # The pinned URI is what the server loaded; nothing here loads it (kind stays SERVED).
+    return replace(pinned, kind=SERVED, identity=f"served:{ref}|{pinned.identity}")
 
 
 def _resolve_uri(ref: str, spec: MlflowModelSpec, settings: InferenceSettings) -> ResolvedModel:

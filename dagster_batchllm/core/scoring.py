@@ -189,7 +189,7 @@ def predict_isolating_errors(pyfunc: Any, frame: Any, name: str
     """One pyfunc ``predict`` of ``frame`` (a plain vectorized call, as ``spark_udf`` makes);
     where the model rejects it, halves are scored again until each bad row fails alone with the
     model's reason: (prediction or None, ``"<error_type>: <reason>"`` or None) per row. For
-    callers that keep no ledger (``model_udf(..., use_ledger=False)``)."""
+    callers that keep no ledger (``model_udf``, ``predict_grouped`` by default)."""
     values, problems = predict_rows(pyfunc, frame, name)
     return values, [None if p is None else p.as_cell() for p in problems]
 

@@ -88,6 +88,18 @@ class EndpointSpec:
         "What the server speaks: 'openai' (chat completions below base_url) or 'mlflow' "
         "(MLflow's scoring protocol, POST <base_url>/invocations, as `mlflow models serve` and "
         "Databricks custom model serving answer it; used by predict()).", "openai")
+    served_model_uri: str | None = described(
+        "protocol='mlflow': the MLflow model the server was started with, as "
+        "`mlflow models serve -m` names it (models:/risk@champion, models:/risk/3, runs:/...). "
+        "Resolved through the registry (mlflow_registry_uri) once when a call starts; the "
+        "version enters the request keys and the metadata, so a redeploy of a new version "
+        "under the same name scores afresh and the same version is answered from the ledger. "
+        "None (and no served_model_version): the keys cover the served model's name only.",
+        None)
+    served_model_version: str | None = described(
+        "protocol='mlflow': the version the server serves, declared instead of looked up "
+        "(e.g. '3', a Databricks served entity's version, or your deploy's tag); it enters the "
+        "request keys and metadata as served_model_uri's version does.", None)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -110,6 +122,17 @@ class EndpointSpec:
         if self.protocol not in ENDPOINT_PROTOCOLS:
             raise ValueError(f"Endpoint '{self.name}': protocol must be one of "
                              f"{list(ENDPOINT_PROTOCOLS)}, got {self.protocol!r}.")
+        declared = self.served_model_uri is not None or self.served_model_version is not None
+        if declared and self.protocol != "mlflow":
+            raise ValueError(f"Endpoint '{self.name}': served_model_uri and "
+                             "served_model_version describe an MLflow scoring server; set "
+                             "protocol='mlflow' or leave them out.")
+        if self.served_model_uri is not None and self.served_model_version is not None:
+            raise ValueError(f"Endpoint '{self.name}': give served_model_uri (looked up in the "
+                             "registry) or served_model_version (declared), not both.")
+        if self.served_model_uri == "" or self.served_model_version == "":
+            raise ValueError(f"Endpoint '{self.name}': served_model_uri / "
+                             "served_model_version is empty; leave it out (None) instead.")
 
     @property
     def served_models(self) -> tuple[str, ...]:

@@ -4,9 +4,9 @@
 The ``ai_query`` builder hands a call whose endpoint names a scoring model (one of the settings'
 ``mlflow_models`` or a model an ``mlflow`` endpoint serves) to :func:`scoring_expression`: the
 struct's field names are the model's features, and the expression is the pandas UDF of
-:func:`~.models.model_udf` over the struct (the model loaded once per Python worker, rows looked
-up in the ledger first). With ``failOnError => false`` the result is
-``STRUCT<result, errorMessage>``.
+:func:`~.models.model_udf` with ``use_ledger=True`` over the struct (the model loaded once per
+Python worker, rows looked up in the ledger first, as every ``ai_query`` here). With
+``failOnError => false`` the result is ``STRUCT<result, errorMessage>``.
 """
 
 from __future__ import annotations
@@ -67,7 +67,9 @@ def scoring_expression(ai: Any, model: str, arguments: dict[str, Any]) -> Any:
     call = PredictCall(input_columns=tuple(names), model=model, output_column="prediction",
                        partition_key=ai.partition_key or "", scope=ai.scope or "")
     job = ModelJob(settings=ai.worker_settings, call=call, models=tuple(models.items()),
-                   result_type=result_type, fail_on_error=fail, run_id=ai.run_id)
+                   result_type=result_type, fail_on_error=fail, run_id=ai.run_id,
+                   # As every ai_query here: answers kept, so a rerun of the query is free.
+                   use_ledger=True)
     output = result_type if fail else \
         f"struct<{RESULT_FIELD}: {result_type}, {ERROR_FIELD}: string>"
     udf = pandas_udf(scalar_function(job, names), output).asNondeterministic()

@@ -1,10 +1,12 @@
 """The executor side of traditional ML models on Spark: score one Arrow batch or one group.
 
-Runs in Spark's Python workers: imports neither dagster nor pyspark. Each batch goes to the
-worker process's client for the job's settings (:func:`.worker.client_for`), whose ``predict``
-looks every row up in the ledger first and scores the rest in groups with the model loaded once
-per process (:func:`~dagster_batchllm.core.mlflow_models.load_model`): a Python worker that
-runs many batches and tasks loads each model once. The models were resolved on the driver, so
+Runs in Spark's Python workers: imports neither dagster nor pyspark. Without the ledger (the
+default, as ``spark_udf``) each batch is one ``predict`` per model; with it, every row is looked
+up in the ledger first and the rest scored and written in bulk (:func:`~..core.keyed_scoring.
+score_keyed`; served models through the worker process's client, :func:`.worker.client_for`).
+Either way the model is loaded once per process
+(:func:`~dagster_batchllm.core.mlflow_models.load_model`): a Python worker that runs many
+batches and tasks loads each model once. The models were resolved on the driver, so
 every worker scores the same versions even if an alias moves during the job.
 """
 
@@ -14,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ..core.gc_pacing import fewer_collections
@@ -38,9 +41,9 @@ class ModelJob:
     result_type: str = "double"
     fail_on_error: bool = False
     run_id: str | None = None
-    #: Keep every prediction in the ledger (a rerun scores nothing again); False: score each
-    #: batch with one plain predict() as spark_udf does, a rejected row still failing alone.
-    use_ledger: bool = True
+    #: Keep every prediction in the ledger (a rerun scores nothing again); False (the default,
+    #: spark_udf's way): each batch one plain predict(), a rejected row still failing alone.
+    use_ledger: bool = False
 
     @property
     def keyed(self) -> bool:
@@ -54,8 +57,10 @@ class ModelJob:
         return BackgroundWrites(client_for(self.settings).ledger,
                                 outage_s=self.settings.ledger_outage_s)
 
-    def score(self, frame: pd.DataFrame, writes: BackgroundWrites | None = None
-              ) -> tuple[list[Any], list[str | None]]:
+    def score(self, frame: pd.DataFrame, writes: BackgroundWrites | None = None, *,
+              column: bool = False) -> tuple[Any, list[str | None]]:
+        """(predictions, errors) per row; ``column``: predictions as one array where the
+        result type allows (a pandas UDF's column), else a list of Python values."""
         if self.keyed:
             # The batch's keys, lookups, model call and ledger writes in bulk: the engine's
             # bookkeeping per row would cost a hundred times what such a model does.
@@ -72,44 +77,53 @@ class ModelJob:
             errors = result.df[result.error_column].tolist()
         else:
             outputs, errors = self._score_directly(frame)
-        values = [_as_type(v, self.result_type) for v in outputs]
+        values = _as_column(outputs, self.result_type) if column else None
+        if values is None:
+            values = [_as_type(v, self.result_type) for v in outputs]
         if self.fail_on_error:
             failed = [e for e in errors if e is not None]
             if failed:
                 if writes is not None:
                     writes.drain()  # the answered rows in the ledger before the task fails
+                kept = "the answered rows are in the ledger; " if self.use_ledger else ""
                 raise RuntimeError(f"{len(failed)} of {len(errors)} rows failed; the first: "
-                                   f"{failed[0]} (the answered rows are in the ledger; "
-                                   "fail_on_error=False keeps errors as data)")
+                                   f"{failed[0]} ({kept}fail_on_error=False keeps errors as "
+                                   "data)")
         return values, errors
 
 
     def _score_directly(self, frame: pd.DataFrame) -> tuple[list[Any], list[str | None]]:
         models = dict(self.models)
+        features = frame[list(self.call.input_columns)]
+        if self.call.model is not None:  # one model: the batch as it is, as spark_udf scores it
+            name = self.call.model
+            return self._predict_or_fail(name, models.get(name), features)
         n = len(frame)
-        names = ([self.call.model] * n if self.call.model is not None
-                 else frame[self.call.model_column].tolist())
+        names = frame[self.call.model_column].tolist()
         outputs: list[Any] = [None] * n
         errors: list[str | None] = [None] * n
-        features = frame[list(self.call.input_columns)]
         for name in dict.fromkeys(names):
             rows = [i for i, m in enumerate(names) if m == name]
             model = models.get(name) if isinstance(name, str) else None
-            problem = _unusable(name, model, self.call.model_column)
-            if problem is None:
-                try:
-                    pyfunc = load_model(model)
-                except Exception as exc:
-                    problem = f"unsupported_model: model '{name}' could not be loaded: {exc}"
-            if problem is not None:
-                for i in rows:
-                    errors[i] = problem
-                continue
-            values, failed = predict_isolating_errors(
-                pyfunc, features.iloc[rows].reset_index(drop=True), name)
+            values, failed = self._predict_or_fail(
+                name, model, features.iloc[rows].reset_index(drop=True))
             for i, value, error in zip(rows, values, failed, strict=True):
                 outputs[i], errors[i] = value, error
         return outputs, errors
+
+    def _predict_or_fail(self, name: Any, model: ResolvedModel | None, features: pd.DataFrame
+                         ) -> tuple[list[Any], list[str | None]]:
+        """One plain predict of ``features`` by ``model``; every row failing with the reason
+        where the model cannot be used or loaded, a rejected row alone with the model's."""
+        problem = _unusable(name, model, self.call.model_column)
+        if problem is None:
+            try:
+                pyfunc = load_model(model)
+            except Exception as exc:
+                problem = f"unsupported_model: model '{name}' could not be loaded: {exc}"
+        if problem is not None:
+            return [None] * len(features), [problem] * len(features)
+        return predict_isolating_errors(pyfunc, features, name)
 
 
 def _unusable(name: Any, model: ResolvedModel | None, column: str | None) -> str | None:
@@ -121,8 +135,21 @@ def _unusable(name: Any, model: ResolvedModel | None, column: str | None) -> str
         return f"unsupported_model: {model.error}"
     if model.kind != IN_PROCESS:
         return (f"unsupported_model: '{name}' is served; use_ledger=False scores in-process "
-                "models only")
+                "models only (pass use_ledger=True)")
     return None
+
+
+def _as_column(values: list[Any], result_type: str) -> Any:
+    """A double or float column as one float64 array (a row without a prediction as NaN, which
+    the Arrow conversion writes as null, as ``_as_type``'s None): no Python call per row. None
+    for other types, or values that are not all numbers (they go through ``_as_type``)."""
+    if result_type.lower() not in ("double", "float"):
+        return None
+    try:
+        column = np.array(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    return column if column.shape == (len(values),) else None  # not rows of lists
 
 
 def _as_type(value: Any, result_type: str) -> Any:
@@ -156,9 +183,11 @@ def scalar_function(job: ModelJob, feature_names: list[str]):
                 for features in batches:
                     frame = features.copy(deep=False)
                     frame.columns = feature_names
-                    values, errors = job.score(frame.reset_index(drop=True), writes)
+                    values, errors = job.score(frame.reset_index(drop=True), writes,
+                                               column=True)
                     if job.fail_on_error:
-                        yield pd.Series(values, dtype=object)
+                        yield pd.Series(values, dtype=None if isinstance(values, np.ndarray)
+                                        else object)
                     else:
                         yield pd.DataFrame({RESULT_FIELD: values, ERROR_FIELD: errors})
         finally:  # also when Spark stops reading early (a limit): what was scored is kept

@@ -1,19 +1,25 @@
 """Traditional ML models (MLflow) on Spark DataFrames: the seed's two patterns as one-liners.
 
 * :func:`model_udf` is ``mlflow.pyfunc.spark_udf``: ``predict = model_udf(spark, "risk", llm)``
-  then ``df.withColumn("prediction", predict("f1", "f2"))``. Each Arrow batch is scored with the
-  model loaded once per Python worker, every row looked up in the ledger first (a retried task or
-  a rerun scores only what is missing) and a row the model rejects fails alone.
+  then ``df.withColumn("prediction", predict("f1", "f2"))``. Each Arrow batch is one
+  ``predict`` with the model loaded once per Python worker, and a row the model rejects fails
+  alone with its reason.
 * :func:`predict_grouped` is ``df.groupBy("model_id").applyInPandas(run_inference, ...)``
   for tables whose rows name their model (a configured name, or a URI such as
   ``models:/churn_eu@champion``): one group per model (``buckets_per_model`` spreads a large
   model's rows over more groups), each model loaded once per worker process.
 
+Both keep nothing by default, as ``spark_udf`` (a rerun scores every row again: for a model this
+cheap the ledger's bookkeeping costs more than the model). ``use_ledger=True`` keys every
+prediction in the ledger by model version and input row: a retried task or a rerun scores only
+what is missing, and ``predict()`` and these answer each other's rows; served models (an
+``mlflow`` endpoint) need it, their rows going through the engine's pool.
+
 Models are resolved on the driver (an alias read from the registry once, so every executor
 scores the same version) and the request keys cover that version: a moved alias scores afresh.
 With ``fail_on_error=False`` (the default) the column is ``struct<result: <result_type>,
 errorMessage: string>``; with ``True`` it is the prediction itself and a failed row fails the
-task (after the answered rows are written to the ledger).
+task (with the ledger, after the answered rows are written to it).
 
 Example::
 
@@ -22,6 +28,7 @@ Example::
     predict = model_udf(spark, "models:/risk@champion", llm)   # llm: the resource or settings
     scored = df.withColumn("risk", predict("f1", "f2"))
     scored.select("risk.result", "risk.errorMessage")
+    resumable = model_udf(spark, "risk", llm, use_ledger=True)  # a rerun scores only new rows
     per_model = predict_grouped(df, model_column="model_uri", input_columns=["f1", "f2"],
                                 llm=llm, output_column="risk")
 """
@@ -31,7 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.errors import InferenceConfigError
-from ..core.mlflow_models import resolve_models
+from ..core.mlflow_models import SERVED, resolve_models
 from ..core.predict import PredictCall
 from .job import split_for_slots
 from .model_worker import ERROR_FIELD, RESULT_FIELD, ModelJob, group_function, scalar_function
@@ -43,13 +50,21 @@ _BUCKET = "_batchllm_bucket"
 
 def _job(spark: Any, llm: Any, call: PredictCall, refs: list[str], *, result_type: str,
          fail_on_error: bool, run_id: str | None, task_slots: int | None,
-         use_ledger: bool = True) -> ModelJob:
+         use_ledger: bool) -> ModelJob:
     """The executors' job: models resolved here (a model ``call.model`` names that cannot be
-    used raises now), endpoint limits split over the task slots."""
+    used raises now, as does a served model without the ledger), endpoint limits split over
+    the task slots."""
     settings = as_settings(llm)
     models = resolve_models(settings, refs)
     if call.model is not None and models[call.model].error:
         raise InferenceConfigError(models[call.model].error)
+    served = sorted(name for name, m in models.items() if m.kind == SERVED)
+    if served and not use_ledger:
+        # Their rows go through the engine's pool (limits, retries, breakers), which answers
+        # through the ledger: refused here rather than every row failing on the executors.
+        raise InferenceConfigError(
+            f"{served} {'is' if len(served) == 1 else 'are'} served by an mlflow endpoint: "
+            "pass use_ledger=True (served rows go through the pool and the ledger)")
     slots = task_slots or default_task_slots(spark)
     settings = split_for_slots(settings, slots).replace(coordinate_runs=False)
     align_worker_python(spark)
@@ -67,14 +82,18 @@ def model_udf(spark: Any, model: str, llm: Any, *, result_type: str = "double",
               fail_on_error: bool = False, rows_per_request: int | None = None,
               partition_key: str | None = None, scope: str | None = None,
               run_id: str | None = None, task_slots: int | None = None,
-              use_ledger: bool = True):
+              use_ledger: bool = False):
     """A function of feature columns giving the model's prediction column, like the UDF
     ``mlflow.pyfunc.spark_udf(spark, model_uri, result_type)`` returns. The columns passed
     (names or Columns) are the model's features, named as the columns are.
 
-    ``use_ledger=False`` keeps nothing: each Arrow batch is one plain ``predict`` (as
-    spark_udf's), a rejected row still failing alone; for cheap models where the ledger's
-    bookkeeping per row (about 100 us) would cost more than the model, and reruns are cheap."""
+    ``use_ledger=False`` (the default) keeps nothing, as spark_udf: each Arrow batch is one
+    plain ``predict``, a rejected row still failing alone with its reason. ``use_ledger=True``
+    keys every prediction in the ledger (model version and input row): a retried task or a
+    rerun scores only rows without an answer, ``predict()`` takes these answers and these take
+    its; it costs a ledger write per distinct row (several microseconds, and SQLite takes one
+    writer at a time), more than a cheap model's predict. Served models need
+    ``use_ledger=True``."""
     from pyspark.sql import Column
     from pyspark.sql import functions as F
     from pyspark.sql.functions import pandas_udf
@@ -109,10 +128,11 @@ def predict_grouped(df: Any, *, model_column: str, input_columns: list[str], llm
                     fail_on_error: bool = False, buckets_per_model: int = 1,
                     rows_per_request: int | None = None, partition_key: str | None = None,
                     scope: str | None = None, run_id: str | None = None,
-                    task_slots: int | None = None, use_ledger: bool = True) -> Any:
+                    task_slots: int | None = None, use_ledger: bool = False) -> Any:
     """``df`` plus ``output_column``: each row scored by the model its ``model_column`` names,
     through ``groupBy(model_column).applyInPandas``; rows are never dropped.
-    ``use_ledger``: as for :func:`model_udf`."""
+    ``use_ledger``: as for :func:`model_udf` (False: each group one plain ``predict``, as the
+    seed's function; True: resume from the ledger and share answers with ``predict()``)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructField, StructType, _parse_datatype_string
 

@@ -1,8 +1,8 @@
-"""Scoring whole batches against the ledger (what model_udf's executors do), over a real local
-MLflow registry and a real SQLite ledger: the request keys are predict()'s own, byte for byte,
-so each answers the other's rows; a rerun or a retried task scores nothing again; a rejected
-row fails alone, with its reason kept in the ledger; the background writer's answers are on
-disk when its task ends."""
+"""Scoring whole batches against the ledger (what ``model_udf(..., use_ledger=True)`` does on
+the executors), over a real local MLflow registry and a real SQLite ledger: the request keys
+are predict()'s own, byte for byte, so each answers the other's rows; a rerun or a retried task
+scores nothing again; a rejected row fails alone, with its reason kept in the ledger; the
+background writer's answers are on disk when its task ends."""
 
 from __future__ import annotations
 

@@ -111,7 +111,8 @@ def test_component_is_in_the_dg_registry():
     entry_points = importlib.metadata.entry_points(group="dagster_dg_cli.registry_modules")
     assert any(ep.value == "dagster_batchllm" for ep in entry_points)
     registered = dict(get_package_objects_in_module(dagster_batchllm))
-    assert registered == {"BatchInferenceComponent": BatchInferenceComponent}
+    assert registered == {"BatchInferenceComponent": BatchInferenceComponent,
+                          "ModelScoringComponent": dagster_batchllm.ModelScoringComponent}
     # Everything the YAML can say is in the component's schema, with `model` under its own name.
     schema = BatchInferenceComponent.model().model_json_schema()
     assert {"model", "prompt", "response_format", "partitions_def",
