@@ -45,8 +45,11 @@ from .tasks import ChatTask
 MODES = ("online", "batch_api")
 ENDED_HERE = (COLLECTED, SUBMIT_FAILED)  # batches with nothing more to collect
 # Ledger writes of a batch pass come thousands a second (no network in between): written in
-# larger batches than online's, which bound what a crash loses of answers arriving one by one.
-_PASS_FLUSH_ROWS = 8192
+# larger batches than online's, which bound what a crash loses of answers arriving one by one
+# (a pass loses none: they are in the book). A write of 16,384 records in key order shares
+# B-tree pages among more of them than one of 4,096 (see in_key_order): about a tenth less
+# CPU per collected row, for about 5 MiB more held at most.
+_PASS_FLUSH_ROWS = 32768
 _WAITING = "waiting for batch"
 # Rows per engine run of a pass (see BatchModeCall._pass).
 _SLICE_ROWS = 16_384
