@@ -7,7 +7,9 @@ local MLflow registry (SQLite), and the same rows are scored:
 * ``predict()`` in process: ``InferenceClient.predict``, every row keyed and written to a
   SQLite ledger (what makes reruns free), groups of ``rows_per_batch`` rows per predict call;
 * Spark local[2]: ``mlflow.pyfunc.spark_udf`` + ``withColumn`` (the seed's pattern) against
-  ``model_udf`` (ours): by default, which keeps nothing as spark_udf does (the target), and with
+  ``model_udf`` (ours): by default, which keeps nothing as spark_udf does (the target; its
+  column is a struct of the prediction and the row's error), with ``fail_on_error=True`` (a
+  plain double column, as spark_udf's, a bad row failing the task), and with
   ``use_ledger=True``, every row keyed and written to a SQLite ledger on the executors (what
   makes reruns free; SQLite takes one writer at a time); all written to Spark's ``noop`` sink so
   the whole column is computed;
@@ -122,19 +124,21 @@ def bench_spark(tmp: Path, registry: LocalRegistry, frame, rounds: int = 3
             data.withColumn("prediction", seed_udf(*FEATURES)) \
                 .write.format("noop").mode("overwrite").save()
 
-        def run_ours(data, use_ledger=False):
+        def run_ours(data, use_ledger=False, fail_on_error=False):
             ours_udf = model_udf(spark, "risk", settings.replace(
                 store_url=f"sqlite:///{tmp / f'spark-{time.monotonic_ns()}.db'}"),
-                use_ledger=use_ledger)
+                use_ledger=use_ledger, fail_on_error=fail_on_error)
             data.withColumn("prediction", ours_udf(*FEATURES)) \
                 .write.format("noop").mode("overwrite").save()
 
         run_seed(warm)
         run_ours(warm)
-        best = {"spark_udf": float("inf"), "default": float("inf"), "ledger": float("inf")}
-        for _ in range(rounds):  # interleaved: a noisy moment costs both alike
+        best = {"spark_udf": float("inf"), "default": float("inf"), "plain": float("inf"),
+                "ledger": float("inf")}
+        for _ in range(rounds):  # interleaved: a noisy moment costs all alike
             for name, run in (("spark_udf", lambda: run_seed(df)),
-                              ("default", lambda: run_ours(df))):
+                              ("default", lambda: run_ours(df)),
+                              ("plain", lambda: run_ours(df, fail_on_error=True))):
                 best[name] = min(best[name], _timed(run)[0])
         # After, warmed here: in these runs, passes of the plain ones that followed a ledger
         # pass (its SQLite writes, its workers' clients) were slower by up to a third.
@@ -203,6 +207,9 @@ def main() -> None:
             print(f"              model_udf (default: nothing kept)        "
                   f"{spark['default']:>11,.0f}   {spark['default'] / seed:.2f}x spark_udf "
                   "(target >= 1.0x)")
+            print(f"              model_udf(fail_on_error=True): a double  "
+                  f"{spark['plain']:>11,.0f}   {spark['plain'] / seed:.2f}x spark_udf "
+                  "(spark_udf's column; a bad row fails the task)")
             print(f"              model_udf(use_ledger=True), resumable    "
                   f"{spark['ledger']:>11,.0f}   {spark['ledger'] / seed:.2f}x spark_udf")
         served = bench_served(tmp, registry, frame, args.served_rows)

@@ -76,7 +76,8 @@ class ModelJob:
             outputs = result.df[result.output_column]
             errors = result.df[result.error_column].tolist()
         else:
-            outputs, errors = self._score_directly(frame)
+            outputs, errors = self._score_directly(frame, numbers=column and _NUMERIC.get(
+                self.result_type.lower(), False))
         values = _as_column(outputs, self.result_type) if column else None
         if values is None:
             values = [_as_type(v, self.result_type) for v in outputs]
@@ -92,12 +93,20 @@ class ModelJob:
         return values, errors
 
 
-    def _score_directly(self, frame: pd.DataFrame) -> tuple[list[Any], list[str | None]]:
+    def _score_directly(self, frame: pd.DataFrame, numbers: bool = False
+                        ) -> tuple[Any, list[str | None]]:
+        """``numbers``: a model's 1-D numeric predictions may come back as the array itself
+        (a double column needs no value per row in Python)."""
         models = dict(self.models)
         features = frame[list(self.call.input_columns)]
         if self.call.model is not None:  # one model: the batch as it is, as spark_udf scores it
             name = self.call.model
-            return self._predict_or_fail(name, models.get(name), features)
+            model = models.get(name)
+            if numbers and _unusable(name, model, None) is None:
+                array = _numeric_predictions(model, features)
+                if array is not None:
+                    return array, [None] * len(features)
+            return self._predict_or_fail(name, model, features)
         n = len(frame)
         names = frame[self.call.model_column].tolist()
         outputs: list[Any] = [None] * n
@@ -136,6 +145,26 @@ def _unusable(name: Any, model: ResolvedModel | None, column: str | None) -> str
     if model.kind != IN_PROCESS:
         return (f"unsupported_model: '{name}' is served; use_ledger=False scores in-process "
                 "models only (pass use_ledger=True)")
+    return None
+
+
+_NUMERIC = {"double": True, "float": True}
+
+
+def _numeric_predictions(model: ResolvedModel, features: pd.DataFrame) -> np.ndarray | None:
+    """One plain ``predict``, as ``spark_udf`` makes it, when its answer is one number per row
+    (an array or a Series): the values as they are. None otherwise, and when the model
+    rejects the batch or cannot be loaded: the caller then scores it the general way, which
+    isolates the rejected rows and says why (a rejected batch is predicted once more)."""
+    try:
+        predictions = load_model(model).predict(features)
+    except Exception:
+        return None
+    if isinstance(predictions, pd.Series):
+        predictions = predictions.to_numpy()
+    if (isinstance(predictions, np.ndarray) and predictions.ndim == 1
+            and predictions.dtype.kind in "biuf" and len(predictions) == len(features)):
+        return predictions
     return None
 
 
@@ -199,6 +228,25 @@ def scalar_function(job: ModelJob, feature_names: list[str]):
     predict_batches.__annotations__ = {"batches": Iterator[pd.DataFrame],
                                        "return": Iterator[out]}
     return predict_batches
+
+
+def columns_function(job: ModelJob, feature_names: list[str]):
+    """:func:`scalar_function` for features passed as separate columns (``model_udf``): Spark
+    sends them as they are, where a struct of them would be built on the JVM for every row."""
+    by_frames = scalar_function(job, feature_names)
+
+    def predict_columns(batches):
+        def frames():
+            for columns in batches:  # one Series for one feature, else a tuple of them
+                parts = columns if isinstance(columns, tuple) else (columns,)
+                yield pd.DataFrame(dict(zip(feature_names, parts, strict=True)), copy=False)
+
+        yield from by_frames(frames())
+
+    out = pd.Series if job.fail_on_error else pd.DataFrame
+    predict_columns.__annotations__ = {"batches": Iterator[tuple[pd.Series, ...]],
+                                       "return": Iterator[out]}
+    return predict_columns
 
 
 def group_function(job: ModelJob, output_column: str, drop_columns: tuple[str, ...] = ()):

@@ -41,7 +41,13 @@ from ..core.errors import InferenceConfigError
 from ..core.mlflow_models import SERVED, resolve_models
 from ..core.predict import PredictCall
 from .job import split_for_slots
-from .model_worker import ERROR_FIELD, RESULT_FIELD, ModelJob, group_function, scalar_function
+from .model_worker import (
+    ERROR_FIELD,
+    RESULT_FIELD,
+    ModelJob,
+    columns_function,
+    group_function,
+)
 from .session import as_settings, default_task_slots
 from .worker_python import align_worker_python
 
@@ -109,9 +115,9 @@ def model_udf(spark: Any, model: str, llm: Any, *, result_type: str = "double",
         job = _job(spark, llm, call, [model], result_type=result_type,
                    fail_on_error=fail_on_error, run_id=run_id, task_slots=task_slots,
                    use_ledger=use_ledger)
-        udf = pandas_udf(scalar_function(job, names),
+        udf = pandas_udf(columns_function(job, names),
                          _output_type(result_type, fail_on_error)).asNondeterministic()
-        return udf(F.struct(*[c.alias(n) for c, n in zip(cols, names, strict=True)]))
+        return udf(*cols)
 
     return predict
 

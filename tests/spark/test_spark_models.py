@@ -267,3 +267,22 @@ def test_a_double_column_is_one_array_and_anything_else_goes_row_by_row():
     assert _as_column([[0.1, 0.9], [0.2, 0.8]], "double") is None
     assert _as_column([0.1, "high"], "double") is None
     assert _as_column([1, 2], "bigint") is None
+
+
+def test_model_udf_over_one_feature_column(spark, mlflow_registry, qa_bot_models, tmp_path):
+    """One feature reaches the worker as a Series, not a tuple of them (Spark's iterator UDF
+    passes a lone column as it is): the custom QA model over its one required input."""
+    from dagster_batchllm.core.mlflow_models import mlflow_uris
+
+    settings = InferenceSettings(endpoints=(), store_url=f"sqlite:///{tmp_path / 'l.db'}",
+                                 **qa_bot_models)
+    prompts = pd.DataFrame({"prompt": ["How do I get a refund?", "Where is my order?",
+                                       "Can I change my delivery address?"] * 20})
+    df = spark.createDataFrame(prompts).repartition(2)
+    out = df.withColumn("answer", model_udf(spark, "qa_bot", settings, result_type="string")(
+        "prompt")).toPandas()
+    with mlflow_uris(mlflow_registry.uri):
+        expected = mlflow.pyfunc.load_model("models:/qa_bot@champion").predict(
+            out[["prompt"]])
+    assert out["answer"].map(lambda cell: cell["result"]).tolist() == list(expected)
+    assert out["answer"].map(lambda cell: cell["errorMessage"]).isna().all()
