@@ -115,6 +115,16 @@ def fit_risk_model(version: int) -> Any:
     return LogisticRegression().fit(frame, labels.astype(int))
 
 
+def two_risk_versions(folder: Any, name: str = "risk") -> LocalRegistry:
+    """A registry of its own under ``folder`` holding ``name`` v1 (alias ``champion``) and v2
+    (no alias): for tests that move the alias, which a shared registry must keep."""
+    registry = LocalRegistry(folder)
+    example = feature_frame(3)
+    registry.log_sklearn(name, fit_risk_model(1), input_example=example, alias="champion")
+    registry.log_sklearn(name, fit_risk_model(2), input_example=example)
+    return registry
+
+
 def fit_intent_model(texts: list[str], labels: list[str]) -> Any:
     """TF-IDF + logistic regression over a ``text`` column (a DataFrame in, labels out)."""
     import pandas as pd

@@ -17,10 +17,10 @@ from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
 pytest.importorskip("mlflow")
 
 from dagster_batchllm.testing.mlflow_registry import (
-    LocalRegistry,
     ModelServer,
     feature_frame,
     fit_risk_model,
+    two_risk_versions,
 )
 
 FEATURES = ["f1", "f2"]
@@ -29,10 +29,7 @@ FEATURES = ["f1", "f2"]
 @pytest.fixture
 def registry(tmp_path):
     """Its own registry: these tests move ``champion``, which the session's must keep."""
-    registry = LocalRegistry(tmp_path / "registry")
-    example = feature_frame(3)
-    registry.log_sklearn("risk", fit_risk_model(1), input_example=example, alias="champion")
-    registry.log_sklearn("risk", fit_risk_model(2), input_example=example)
+    registry = two_risk_versions(tmp_path / "registry")
     return registry
 
 

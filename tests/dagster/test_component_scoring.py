@@ -19,9 +19,9 @@ from dagster_batchllm import ModelScoringComponent
 pytest.importorskip("mlflow")
 
 from dagster_batchllm.testing.mlflow_registry import (
-    LocalRegistry,
     feature_frame,
     fit_risk_model,
+    two_risk_versions,
 )
 
 FEATURES = ["f1", "f2"]
@@ -38,10 +38,7 @@ def features() -> pd.DataFrame:
 
 @pytest.fixture
 def registry(tmp_path):
-    registry = LocalRegistry(tmp_path / "registry")
-    example = feature_frame(3)
-    registry.log_sklearn("risk", fit_risk_model(1), input_example=example, alias="champion")
-    registry.log_sklearn("risk", fit_risk_model(2), input_example=example)
+    registry = two_risk_versions(tmp_path / "registry")
     return registry
 
 

@@ -20,9 +20,9 @@ from dagster_batchllm.scoring_assets import (
 pytest.importorskip("mlflow")
 
 from dagster_batchllm.testing.mlflow_registry import (
-    LocalRegistry,
     feature_frame,
     fit_risk_model,
+    two_risk_versions,
 )
 
 FEATURES = ["f1", "f2"]
@@ -40,10 +40,7 @@ def _features() -> pd.DataFrame:
 
 @pytest.fixture
 def setup(tmp_path):
-    registry = LocalRegistry(tmp_path / "registry")
-    example = feature_frame(3)
-    registry.log_sklearn("churn", fit_risk_model(1), input_example=example, alias="champion")
-    registry.log_sklearn("churn", fit_risk_model(2), input_example=example)
+    registry = two_risk_versions(tmp_path / "registry", "churn")
 
     @dg.asset
     def features() -> pd.DataFrame:

@@ -13,10 +13,10 @@ from dagster_batchllm.scoring_assets import build_model_version_asset, build_sco
 pytest.importorskip("mlflow")
 
 from dagster_batchllm.testing.mlflow_registry import (
-    LocalRegistry,
     ModelServer,
     feature_frame,
     fit_risk_model,
+    two_risk_versions,
 )
 
 FEATURES = ["f1", "f2"]
@@ -55,10 +55,7 @@ def _scored(scores, llm, instance):
 
 
 def test_a_served_scoring_asset_follows_the_served_version(tmp_path):
-    registry = LocalRegistry(tmp_path / "registry")
-    example = feature_frame(3)
-    registry.log_sklearn("churn", fit_risk_model(1), input_example=example, alias="champion")
-    registry.log_sklearn("churn", fit_risk_model(2), input_example=example)
+    registry = two_risk_versions(tmp_path / "registry", "churn")
     expected = {v: fit_risk_model(v).predict(features()).tolist() for v in (1, 2)}
     assert expected[1] != expected[2]
     _, scores = _definitions(registry)
