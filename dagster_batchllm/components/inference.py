@@ -115,6 +115,11 @@ ResolvedPartitionsDefinition = Annotated[
     ),
 ]
 
+# Beside partitions_def in every component that scores a table (inference, scoring).
+ResolvedPartitionColumn = Annotated[str | None, dg.Resolver.default(
+    description="The input column holding each row's partition key (enables single-run "
+    "backfills that still record each partition separately).")]
+
 ResolvedBackfillPolicy = Annotated[
     dg.BackfillPolicy | None,
     dg.Resolver(
@@ -231,9 +236,7 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
         description="With a JSON-schema response_format, each property of the reply becomes a "
         "column.")] = True
     partitions_def: ResolvedPartitionsDefinition = None
-    partition_column: Annotated[str | None, dg.Resolver.default(
-        description="The input column holding each row's partition key (enables single-run "
-        "backfills that still record each partition separately).")] = None
+    partition_column: ResolvedPartitionColumn = None
     backfill_policy: ResolvedBackfillPolicy = None
     resource_key: str = "llm"
     io_manager_key: str | None = None

@@ -19,7 +19,12 @@ from ..scoring_assets import (
     build_model_version_asset,
     build_scoring_asset,
 )
-from .inference import ResolvedAssetAttributes, ResolvedPartitionsDefinition, _as_resolved
+from .inference import (
+    ResolvedAssetAttributes,
+    ResolvedPartitionColumn,
+    ResolvedPartitionsDefinition,
+    _as_resolved,
+)
 from .resource_attributes import ResolvedResource
 from .scaffolder import ScoringScaffolder
 
@@ -105,9 +110,7 @@ class ModelScoringComponent(dg.Component, dg.Resolvable):
         description="Most rows in one predict() / one /invocations request (default: the "
         "model's rows_per_batch).")] = None
     partitions_def: ResolvedPartitionsDefinition = None
-    partition_column: Annotated[str | None, dg.Resolver.default(
-        description="The input column holding each row's partition key (enables single-run "
-        "backfills that still record each partition separately).")] = None
+    partition_column: ResolvedPartitionColumn = None
     key_columns: Annotated[list[str] | None, dg.Resolver.default(
         description="Input columns that identify a row (e.g. [row_id]); the metadata's table "
         "of failed rows names them by these.")] = None
