@@ -230,22 +230,38 @@ def scalar_function(job: ModelJob, feature_names: list[str]):
     return predict_batches
 
 
-def columns_function(job: ModelJob, feature_names: list[str]):
-    """:func:`scalar_function` for features passed as separate columns (``model_udf``): Spark
-    sends them as they are, where a struct of them would be built on the JVM for every row."""
-    by_frames = scalar_function(job, feature_names)
+def columns_function(job: ModelJob, feature_names: list[str], result_type: Any):
+    """The Arrow UDF body of ``model_udf``: a task's batches of the feature columns (passed as
+    separate columns, where a struct of them would be built on the JVM for every row), scored
+    as :func:`scalar_function` scores them, the column built in Arrow (``result_type``, the
+    prediction's Arrow type): no pandas frame between Spark and the result, and a batch without
+    errors sends its ``errorMessage`` field as one all-null array."""
+    import pyarrow as pa
 
     def predict_columns(batches):
-        def frames():
-            for columns in batches:  # one Series for one feature, else a tuple of them
-                parts = columns if isinstance(columns, tuple) else (columns,)
-                yield pd.DataFrame(dict(zip(feature_names, parts, strict=True)), copy=False)
+        writes = job.background_writes()
+        try:
+            with fewer_collections():
+                for columns in batches:  # one Array for one feature, else a tuple of them
+                    parts = columns if isinstance(columns, tuple) else (columns,)
+                    frame = pd.DataFrame({name: part.to_pandas() for name, part in
+                                          zip(feature_names, parts, strict=True)}, copy=False)
+                    values, errors = job.score(frame, writes, column=True)
+                    result = pa.array(values, type=result_type, from_pandas=True)  # NaN: null
+                    if job.fail_on_error:
+                        yield result
+                        continue
+                    failed = (pa.nulls(len(errors), pa.string()) if not any(errors)
+                              else pa.array(errors, type=pa.string()))
+                    yield pa.StructArray.from_arrays([result, failed],
+                                                     names=[RESULT_FIELD, ERROR_FIELD])
+        finally:  # also when Spark stops reading early (a limit): what was scored is kept
+            if writes is not None:
+                writes.close()
 
-        yield from by_frames(frames())
-
-    out = pd.Series if job.fail_on_error else pd.DataFrame
-    predict_columns.__annotations__ = {"batches": Iterator[tuple[pd.Series, ...]],
-                                       "return": Iterator[out]}
+    # Iterator hints make it Spark's scalar-iterator UDF (one call per task, not per batch).
+    predict_columns.__annotations__ = {"batches": Iterator[tuple[pa.Array, ...]],
+                                       "return": Iterator[pa.Array]}
     return predict_columns
 
 

@@ -102,7 +102,7 @@ def model_udf(spark: Any, model: str, llm: Any, *, result_type: str = "double",
     ``use_ledger=True``."""
     from pyspark.sql import Column
     from pyspark.sql import functions as F
-    from pyspark.sql.functions import pandas_udf
+    from pyspark.sql.functions import arrow_udf
 
     def predict(*columns: Any) -> Any:
         if not columns:
@@ -115,11 +115,24 @@ def model_udf(spark: Any, model: str, llm: Any, *, result_type: str = "double",
         job = _job(spark, llm, call, [model], result_type=result_type,
                    fail_on_error=fail_on_error, run_id=run_id, task_slots=task_slots,
                    use_ledger=use_ledger)
-        udf = pandas_udf(columns_function(job, names),
-                         _output_type(result_type, fail_on_error)).asNondeterministic()
+        udf = arrow_udf(columns_function(job, names, _arrow_type(result_type)),
+                        _output_type(result_type, fail_on_error)).asNondeterministic()
         return udf(*cols)
 
     return predict
+
+
+def _arrow_type(result_type: str) -> Any:
+    """The Arrow type of the prediction column (for the executors, which build it in Arrow)."""
+    from pyspark.sql.pandas.types import to_arrow_type
+    from pyspark.sql.types import _parse_datatype_string
+
+    try:
+        return to_arrow_type(_parse_datatype_string(result_type))
+    except Exception as exc:
+        raise InferenceConfigError(
+            f"result_type {result_type!r} is not a Spark type that Arrow can hold: {exc}. "
+            "Use a type such as 'double', 'bigint', 'string' or 'array<double>'.") from exc
 
 
 def _column_name(column: Any) -> str:

@@ -93,6 +93,14 @@ def test_a_served_model_without_the_ledger_is_refused_before_anything_is_sent(sp
                         input_columns=FEATURES, llm=served)
 
 
+def test_a_result_type_arrow_cannot_hold_is_refused_when_the_column_is_made(spark, settings):
+    from dagster_batchllm.core.errors import InferenceConfigError
+
+    with pytest.raises(InferenceConfigError, match="result_type 'no such type' is not a Spark "
+                                                   "type"):
+        model_udf(spark, "risk", settings, result_type="no such type")(*FEATURES)
+
+
 @pytest.mark.parametrize("use_ledger", [True, False])
 def test_a_row_the_model_rejects_fails_alone_in_spark(spark, settings, use_ledger):
     frame = _frame(50, seed=42).astype({"f1": object})
