@@ -13,6 +13,7 @@ import json
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Any
 
 from .call import InferenceCall
@@ -90,6 +91,10 @@ def iter_row_requests(
     max_tokens = int(params["max_tokens"])
     as_text = spec.cells_as_text
     image_columns = [(c, position[c]) for c in spec.images or ()]
+    # Rows whose messages are rendered text (no messages column, no images): their bodies
+    # are spliced from each model's skeleton, the bytes the canonical encoder would give.
+    skeletons: dict[str, _Skeleton | None] | None = (
+        {} if spec.messages_column is None and not image_columns else None)
     for row in rows:
         try:
             if spec.messages_column is not None:
@@ -100,13 +105,22 @@ def iter_row_requests(
                 else:
                     text = _cell_text(row[position[spec.prompt_column]], spec.prompt_column,
                                       as_text)
-                messages = [{"role": "user", "content": text}]
-                if spec.system:
-                    system = _render(spec.system, system_fields, row, position, as_text)
-                    messages.insert(0, {"role": "system", "content": system})
+                system = (_render(spec.system, system_fields, row, position, as_text)
+                          if spec.system else None)
             model = spec.model if spec.model is not None else _cell_text(
                 row[position[spec.model_column]], spec.model_column
             )
+            if skeletons is not None:
+                skeleton = skeletons.get(model, _NO_SKELETON)
+                if skeleton is _NO_SKELETON:
+                    skeleton = skeletons[model] = _Skeleton.of(model, params, spec.system)
+                if skeleton is not None:
+                    yield skeleton.request(text, system, max_tokens)
+                    continue
+            if spec.messages_column is None:
+                messages = [{"role": "user", "content": text}]
+                if system is not None:
+                    messages.insert(0, {"role": "system", "content": system})
             if image_columns:
                 yield _with_images(model, messages, row, image_columns, spec, params,
                                    max_tokens)
@@ -135,6 +149,65 @@ def make_request(
         key=hashlib.sha256(body).hexdigest(), model=model, body=body,
         reserve_tokens=upper + max_tokens, typical_prompt_tokens=typical, max_tokens=max_tokens,
     )
+
+
+# A text no prompt holds, which the canonical encoder writes as it is (``\\u0000``-escaped).
+_PLACEHOLDER = "\x00batchllm-text\x00"
+_NO_SKELETON = object()
+
+
+class _Skeleton:
+    """One model's canonical request body with its messages' texts left out: a row's body is
+    the pieces joined with each text as the encoder writes a string (``encode_basestring``, as
+    ``_CANONICAL`` does with ``ensure_ascii=False``), the same bytes as ``make_request``'s,
+    without encoding the whole request per row. A test checks the two against each other."""
+
+    __slots__ = ("model", "pieces", "system")
+
+    def __init__(self, model: str, pieces: list[str], system: bool):
+        self.model, self.pieces, self.system = model, pieces, system
+
+    @staticmethod
+    def of(model: str, params: Mapping[str, Any], system: str | None) -> _Skeleton | None:
+        """None where the parameters cannot be split around the texts (a parameter holding
+        the placeholder, or one JSON cannot hold): such rows take ``make_request``."""
+        messages = [{"role": "user", "content": _PLACEHOLDER}]
+        if system:
+            messages.insert(0, {"role": "system", "content": _PLACEHOLDER})
+        try:
+            whole = _CANONICAL.encode({"model": model, "messages": messages, **params})
+        except (ValueError, TypeError):
+            return None
+        pieces = whole.split(_CANONICAL.encode(_PLACEHOLDER))
+        if len(pieces) != len(messages) + 1:
+            return None
+        return _Skeleton(model, pieces, bool(system))
+
+    def request(self, text: str, system: str | None, max_tokens: int) -> RowRequest:
+        pieces = self.pieces
+        if self.system:
+            body_text = (pieces[0] + encode_basestring(system) + pieces[1]
+                         + encode_basestring(text) + pieces[2])
+            texts = (system, text)
+        else:
+            body_text = pieces[0] + encode_basestring(text) + pieces[1]
+            texts = (text,)
+        try:
+            body = body_text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidInputError(
+                f"the prompt is not valid Unicode text ({exc.reason})") from None
+        chars = content_bytes = 0
+        for part in texts:
+            chars += len(part)
+            content_bytes += len(part) if part.isascii() else len(part.encode("utf-8"))
+        n = len(texts)
+        return RowRequest(
+            key=hashlib.sha256(body).hexdigest(), model=self.model, body=body,
+            reserve_tokens=(content_bytes + _TEMPLATE_TOKENS_PER_MESSAGE * n
+                            + _TEMPLATE_TOKENS_PER_REQUEST + max_tokens),
+            typical_prompt_tokens=math.ceil(chars / _TYPICAL_CHARS_PER_TOKEN) + 4 * n,
+            max_tokens=max_tokens)
 
 
 def _encode(payload: dict[str, Any]) -> bytes:
