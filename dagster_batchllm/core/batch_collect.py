@@ -130,11 +130,12 @@ class BatchCollector:
                                        "this version cannot read")
         ok = failed = 0
         outcomes: list[tuple] = []
-        for result in protocol.results(status):
+        for result in protocol.results(status, row["route"]):
             error = result.error
             if error is None:
                 try:
-                    answer = read(result.reply, endpoint=endpoint, latency_s=0.0)
+                    answer = result.answer or read(result.reply, endpoint=endpoint,
+                                                   latency_s=0.0)
                 except RowError as exc:  # a 200 that is no completion: the row fails with it,
                     error = exc  # as when a pass read the reply (it is not asked again)
                 else:
