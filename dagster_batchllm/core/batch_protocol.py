@@ -40,7 +40,7 @@ class BatchStatus:
     errors: str | None  # why the batch as a whole failed, if it did
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per result line (see RowRequest)
 class LineResult:
     """One result line: the request key, and the 200 reply or the error it got."""
 
