@@ -60,6 +60,10 @@ def owner_alive(owner: str | None, updated_at: float) -> bool:
     return time.time() - updated_at < STALE_AFTER_S
 
 
+class _NotAll(Exception):
+    """add_lines(all_or_none=True) met a key recorded already: its transaction is undone."""
+
+
 class LineState(NamedTuple):
     """A key's latest line: in which batch, which attempt, and what came of it. A tuple made
     straight from its query row (a collect pass reads 100,000s of them)."""
@@ -193,6 +197,7 @@ class BatchBook:
                 f"AND {status} = '{DEFERRED}'")
         self._ours = (f"SELECT request_key FROM {lines} WHERE {by_key} = {mark} "
                       "AND request_key IN ")
+        self._attempts = f"SELECT request_key, attempt FROM {lines} WHERE submission_id = {mark}"
         try:
             self.batches.metadata.create_all(self.engine, checkfirst=True)
         except sa.exc.DatabaseError:  # created by another process meanwhile
@@ -235,7 +240,8 @@ class BatchBook:
                 **row, status=SUBMITTING, owner=owner_id(), created_at=now, updated_at=now))
 
     def add_lines(self, submission_id: str, keys: Sequence[tuple[str, int]], *,
-                  partition: tuple[str, str] | None = None) -> set[str]:
+                  partition: tuple[str, str] | None = None,
+                  all_or_none: bool = False) -> set[str]:
         """Record keys (with their attempt numbers) in a batch being written; the keys whose
         attempt another run recorded first are left out. Returns the keys recorded here.
 
@@ -243,9 +249,19 @@ class BatchBook:
         deferral is this line from now on, so a deferred ledger record of theirs from an
         earlier run (a token budget's, a wait for another run's batch) is removed, in the
         same transaction: it would have a retry sensor run the partition for rows that wait
-        for a batch."""
+        for a batch.
+
+        ``all_or_none``: if any of the keys has that attempt recorded already (by any run, in
+        any batch, this one included), none is recorded and the set is empty."""
         if not keys:
             return set()
+        try:
+            return self._add_lines(submission_id, keys, partition, all_or_none)
+        except _NotAll:
+            return set()
+
+    def _add_lines(self, submission_id: str, keys: Sequence[tuple[str, int]],
+                   partition: tuple[str, str] | None, all_or_none: bool) -> set[str]:
         mark = self._mark
         with self.engine.begin() as conn:
             inserted = conn.exec_driver_sql(self._insert_line, in_key_order(
@@ -253,6 +269,8 @@ class BatchBook:
             ours: set[str] = set()
             if inserted.rowcount == len(keys):  # the usual case: no other run had any of them
                 ours.update(key for key, _ in keys)
+            elif all_or_none:
+                raise _NotAll  # leaving the block rolls the inserts back
             for start in range(0, len(keys) if not ours else 0, _CHUNK):
                 chunk = [key for key, _ in keys[start:start + _CHUNK]]
                 ours.update(k for (k,) in conn.exec_driver_sql(
@@ -416,6 +434,16 @@ class BatchBook:
                 yield from cursor.fetchall()
         finally:
             cursor.close()
+
+    def attempts_of(self, submission_id: str) -> dict[str, int]:
+        """Each line's attempt number, of one batch (read through its submission index)."""
+        with self.engine.connect() as conn:
+            cursor = conn.connection.dbapi_connection.cursor()
+            try:
+                cursor.execute(self._attempts, (submission_id,))
+                return dict(cursor.fetchall())
+            finally:
+                cursor.close()
 
     def line_counts(self, submission_id: str) -> dict[str, int]:
         t = self.lines

@@ -27,10 +27,12 @@ import asyncio
 import logging
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .batch_book import COLLECTED, LINE_OK, SUBMIT_FAILED, BatchBook, owner_id
+from .batch_collect import BatchCollector
 from .batch_protocol import BatchProtocol
 from .batch_spool import NOT_YET_SUBMITTED, Gatherer, Spool, waiting_for
 from .delivery import SendsParcels
@@ -48,6 +50,10 @@ _GATHER = 8192
 _PER_SEND = 1000
 _UPLOADS_AT_ONCE = 2
 
+#: A line to submit: its file, key, attempt and bytes, and whether it was placed without a
+#: look at the key's lines (assumed new: a first attempt, see BatchDelivery.send_many).
+Note = tuple[Spool, str, int, bytes, bool]
+
 
 class BatchDelivery(SendsParcels):
     """A :class:`~.delivery.Delivery` that submits requests as offline batch lines."""
@@ -59,8 +65,12 @@ class BatchDelivery(SendsParcels):
     def __init__(self, settings: InferenceSettings, book: BatchBook,
                  protocols: dict[str, BatchProtocol], *, route: str, parse: ReplyParser,
                  budget: TokenBudget | None, scope: str, partition_key: str,
-                 run_id: str | None, log: Any = None):
+                 run_id: str | None, log: Any = None,
+                 answered: dict[str, tuple] | None = None):
         self.settings = settings
+        #: Lines the call's collector just collected (BatchCollector.answers), taken from
+        #: there rather than read back from the book; each taken once.
+        self.answered = answered if answered is not None else {}
         self.book = book
         self.protocols = protocols
         self.route = route
@@ -86,6 +96,8 @@ class BatchDelivery(SendsParcels):
         self.lines_submitted = 0
         self.collected_ok = 0
         self.collected_failed = 0
+        # Whether the next parcel's keys are taken to be new, without a lookup (see send_many).
+        self._assume_new = False
 
     # -- the Delivery interface --------------------------------------------------------------
     #: Parcels the engine hands :meth:`send_many` at once.
@@ -138,12 +150,36 @@ class BatchDelivery(SendsParcels):
         """Each request's outcome, in order: the collected reply, its line's final error, or a
         deferral (waiting for the batch its line is in, or was put in now)."""
         results: list[Completion | RowError | None] = [None] * len(requests)
-        lines = await self._lookups.submit([request.key for request in requests])
-        notes: list[tuple[Spool, str, int, bytes]] = []
+        everything = range(len(requests))
+        assume_new = self._assume_new
+        if assume_new:
+            # The keys of the last parcel looked up had no line: these are taken to be new
+            # too, and put in files as first attempts at once. One that has a line after all
+            # is refused by the book (its first attempt is there) and then looked up.
+            notes, placed = self._place(requests, attempts, [None] * len(requests), everything,
+                                        results, assumed_new=True)
+        else:
+            lines = await self._lookups.submit([request.key for request in requests])
+            # Not with a token budget: a key it refused would be deferred without a look at
+            # its line, which may hold its answer.
+            self._assume_new = self.budget is None and all(line is None for line in lines)
+            notes, placed = self._place(requests, attempts, lines, everything, results)
+        if notes:
+            await self._record_notes(requests, attempts, notes, placed, results,
+                                     assumed_new=assume_new)
+        return results  # type: ignore[return-value] - every position is set
+
+    def _place(self, requests: list[RowRequest], attempts: list[Any], lines: list[Any],
+               positions: Sequence[int], results: list[Any], *, assumed_new: bool = False
+               ) -> tuple[list[Note], list[int]]:
+        """Decide the requests at ``positions`` from their keys' latest lines (``lines[j]``
+        for ``positions[j]``): a result, or a note of the line to submit and its position
+        (``assumed_new``: the lines were not looked up, see :class:`Note`)."""
+        notes: list[Note] = []
         placed: list[int] = []  # the positions of the requests in ``notes``
         budget, max_attempts = self.budget, self.settings.max_attempts
-        for i, request in enumerate(requests):
-            line, tried = lines[i], attempts[i]
+        for i, line in zip(positions, lines, strict=True):
+            request, tried = requests[i], attempts[i]
             endpoint = self.endpoint_for(request.model)
             assert endpoint is not None  # refused before otherwise
             tried.endpoint = endpoint.name
@@ -192,26 +228,24 @@ class BatchDelivery(SendsParcels):
             spool = self._spool_for(len(data), request.model, endpoint)
             spool.lines += 1  # its place in the file, kept until the book says it is ours
             spool.bytes += len(data)
-            notes.append((spool, request.key, attempt, data))
+            notes.append((spool, request.key, attempt, data, assumed_new))
             placed.append(i)
             if spool.lines >= endpoint.max_requests_per_batch:
                 # Its upload task starts after this parcel's notes are handed in below, and
                 # waits for them: the file holds every line given a place in it.
                 self._cut(spool, endpoint)
-        if notes:
-            await self._record_notes(requests, attempts, notes, placed, results)
-        return results  # type: ignore[return-value] - every position is set
+        return notes, placed
 
     async def _record_notes(self, requests: list[RowRequest], attempts: list[Any],
-                            notes: list[tuple[Spool, str, int, bytes]], placed: list[int],
-                            results: list[Any]) -> None:
+                            notes: list[Note], placed: list[int],
+                            results: list[Any], *, assumed_new: bool = False) -> None:
         # The key goes in the book first and its line into the file only then (both on the
         # book's thread, in order): from then on a rerun or another run finds the key in this
         # batch and does not submit it again. If another run recorded this attempt of the key
         # first, its batch is the one to wait for.
         recorded = await self._notes.submit(notes)
         lost: list[int] = []
-        for (spool, _key, _attempt, _data), i, mine in zip(notes, placed, recorded, strict=True):
+        for (spool, *_), i, mine in zip(notes, placed, recorded, strict=True):
             if mine:
                 attempts[i].sent = 1
                 results[i] = spool.deferred
@@ -223,8 +257,16 @@ class BatchDelivery(SendsParcels):
             return
         if self.budget is not None:
             self.budget.spent -= sum(requests[i].reserve_tokens for i in lost)
-        for i, line in zip(lost, await self._lookups.submit([requests[i].key for i in lost]),
-                           strict=True):
+        lines = await self._lookups.submit([requests[i].key for i in lost])
+        if assumed_new:
+            # Keys placed without a lookup that have lines: decided now from those lines
+            # (an answer, a wait, an error, or a next attempt), as a looked-up key is.
+            self._assume_new = False
+            retried, where = self._place(requests, attempts, lines, lost, results)
+            if retried:
+                await self._record_notes(requests, attempts, retried, where, results)
+            return
+        for i, line in zip(lost, lines, strict=True):
             name = line.batch_name if line is not None else "of another run"
             if line is not None:
                 self.waiting.add(line.submission_id)
@@ -239,6 +281,17 @@ class BatchDelivery(SendsParcels):
         return error
 
     def _latest_lines(self, keys: list[str]) -> list[Any]:
+        answered = self.answered
+        if answered:
+            held_line, take = BatchCollector.held_line, answered.pop
+            lines = [held_line(key, held) if (held := take(key, None)) is not None else None
+                     for key in keys]
+            unread = [key for key, line in zip(keys, lines, strict=True) if line is None]
+            if not unread:
+                return lines
+            found = self.book.latest_lines(unread)
+            return [line if line is not None else found.get(key)
+                    for key, line in zip(keys, lines, strict=True)]
         found = self.book.latest_lines(keys)
         return [found.get(key) for key in keys]
 
@@ -255,14 +308,16 @@ class BatchDelivery(SendsParcels):
             self._own[spool.submission_id] = spool
         return spool
 
-    def _note_lines(self, notes: list[tuple[Spool, str, int, bytes]]) -> list[bool]:
+    def _note_lines(self, notes: list[Note]) -> list[bool]:
         """On the book's thread: record the keys (each spool's batch row first), then write
-        the lines of the keys recorded here to their files; whether each note's key was."""
-        by_spool: dict[Spool, list[tuple[str, int]]] = {}
-        for spool, key, attempt, _data in notes:
-            by_spool.setdefault(spool, []).append((key, attempt))
-        ours: dict[Spool, set[str]] = {}
-        for spool, keys in by_spool.items():
+        the lines of the keys recorded here to their files; whether each note's key was.
+        A spool's notes assumed new are recorded all or none: if any of their keys has a line
+        already (even one in this very file, which would then count as ours), none is."""
+        by_spool: dict[tuple[Spool, bool], list[tuple[str, int]]] = {}
+        for spool, key, attempt, _data, assumed in notes:
+            by_spool.setdefault((spool, assumed), []).append((key, attempt))
+        ours: dict[tuple[Spool, bool], set[str]] = {}
+        for (spool, assumed), keys in by_spool.items():
             if not spool.recorded:
                 endpoint = self.endpoint_for(spool.model)
                 self.book.record_submission({
@@ -272,12 +327,13 @@ class BatchDelivery(SendsParcels):
                     "lines": 0, "bytes": 0, "scope": self.scope,
                     "partition_key": self.partition_key, "run_id": self.run_id})
                 spool.recorded = True
-            ours[spool] = self.book.add_lines(spool.submission_id, keys,
-                                              partition=(self.scope, self.partition_key))
+            ours[(spool, assumed)] = self.book.add_lines(
+                spool.submission_id, keys, partition=(self.scope, self.partition_key),
+                all_or_none=assumed)
         recorded: list[bool] = []
-        chunks: dict[Spool, list[bytes]] = {spool: [] for spool in by_spool}
-        for spool, key, _attempt, data in notes:
-            mine = key in ours[spool]
+        chunks: dict[Spool, list[bytes]] = {spool: [] for spool, _ in by_spool}
+        for spool, key, _attempt, data, assumed in notes:
+            mine = key in ours[(spool, assumed)]
             recorded.append(mine)
             if mine:
                 chunks[spool].append(data)

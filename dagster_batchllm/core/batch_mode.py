@@ -85,7 +85,8 @@ class BatchModeCall:
         self.budget = TokenBudget(token_budget) if token_budget is not None else None
         self.book = BatchBook(client.ledger)
         self.protocols = {e.name: protocol_for(e) for e in settings.endpoints if e.batch_api}
-        self.collector = BatchCollector(self.book, self.protocols, log=logger)
+        self.collector = BatchCollector(self.book, self.protocols, log=logger,
+                                        hold_for=(call.scope, call.partition_key))
         # No claims between runs: the book's (key, attempt) uniqueness keeps two runs from
         # submitting a key both, and nothing of a pass uses an endpoint's online limits.
         self._refused = 0  # passes in a row whose submissions all failed
@@ -135,7 +136,7 @@ class BatchModeCall:
         delivery = BatchDelivery(
             self.settings, self.book, self.protocols, route=task.route, parse=task.parse_reply,
             budget=self.budget, scope=self.call.scope, partition_key=self.call.partition_key,
-            run_id=self.run_id, log=self.log)
+            run_id=self.run_id, log=self.log, answered=self.collector.answers)
         try:
             for start in range(0, max(1, len(rows)), _SLICE_ROWS):
                 part = rows[start:start + _SLICE_ROWS]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from batch_helpers import MODEL, PROMPT, batch_stats, frame
+from batch_helpers import MODEL, PROMPT, batch_stats, book_of, frame
 
 from dagster_batchllm.core.batch_book import BatchBook
 from dagster_batchllm.core.ledger import Ledger
@@ -96,3 +96,19 @@ def test_a_book_made_before_content_was_kept_still_answers_from_its_reply_bodies
     assert batch_stats(held)["batches_created"] == 1  # the first run's, nothing more
     columns = {c["name"] for c in sa.inspect(again.ledger.engine).get_columns(lines)}
     assert {"content", "finish_reason"} <= columns
+
+
+def test_keys_assumed_new_are_recorded_all_or_none(quick, make_client):
+    book = book_of(make_client(quick))
+    for sub in ("bllm-a", "bllm-b"):
+        book.record_submission({"submission_id": sub, "provider": "openai", "endpoint": "openai",
+                                "model": MODEL, "route": "/chat/completions", "lines": 0,
+                                "bytes": 0, "scope": "", "partition_key": ""})
+    assert book.add_lines("bllm-a", [("k1", 1), ("k2", 1)]) == {"k1", "k2"}
+    # k2's first attempt is there (in this very batch, too): nothing of these is recorded.
+    assert book.add_lines("bllm-a", [("k3", 1), ("k2", 1)], all_or_none=True) == set()
+    assert book.add_lines("bllm-b", [("k3", 1), ("k1", 1)], all_or_none=True) == set()
+    assert book.latest_lines(["k3"]) == {}
+    assert book.add_lines("bllm-b", [("k3", 1), ("k4", 1)], all_or_none=True) == {"k3", "k4"}
+    # Without it, a key already in this batch counts as its own (another run's is left out).
+    assert book.add_lines("bllm-a", [("k5", 1), ("k2", 1), ("k3", 1)]) == {"k5", "k2"}

@@ -352,3 +352,37 @@ def test_a_pass_in_slices_submits_a_key_of_two_slices_once_and_names_its_batch(
     assert done.df["summary"].tolist()[:50] == done.df["summary"].tolist()[50:]
     stats = batch_stats(held)
     assert stats["lines_ok"] == 50 and stats["line_duplicates"] == 0
+
+
+@pytest.mark.parametrize("assume_new", [False, True], ids=["looked_up", "assumed_new"])
+def test_keys_placed_without_a_lookup_are_decided_from_their_lines_after_all(
+        held, make_client, monkeypatch, assume_new):
+    """After a parcel whose keys had no line, the next are put in files without a lookup; a
+    key that has a line after all (an answer collected at the pass's start, a row of the same
+    key earlier in this pass) gets the outcome a looked-up key gets."""
+    from dagster_batchllm.core import batch_delivery, batch_mode
+
+    if assume_new:  # every parcel placed without a lookup, the first too
+        made = batch_delivery.BatchDelivery.__init__
+
+        def assuming(self, *args, **kwargs):
+            made(self, *args, **kwargs)
+            self._assume_new = True
+
+        monkeypatch.setattr(batch_delivery.BatchDelivery, "__init__", assuming)
+    monkeypatch.setattr(batch_mode, "_SLICE_ROWS", 40)
+    client = make_client(held)
+    infer(client, frame(50), wait=False)
+    held.complete_batches()
+    # 50 keys with answers in the book (not yet collected), 30 new ones, twice each.
+    df = pd.concat([frame(80), frame(80)], ignore_index=True)
+    second = infer(client, df, wait=False)
+    assert second.stats.succeeded == 100 and second.stats.deferred == 60
+    assert second.stats.endpoints["openai"]["requests"] == 30  # the new keys, once each
+    assert second.df["summary"].head(50).tolist() == second.df["summary"].iloc[80:130].tolist()
+    assert batch_stats(held)["batches_created"] == 2
+    held.complete_batches()
+    third = infer(client, df, wait=False)
+    assert third.stats.succeeded == 160 and third.stats.requests == 0
+    stats = batch_stats(held)
+    assert stats["lines_ok"] == 80 and stats["line_duplicates"] == 0
