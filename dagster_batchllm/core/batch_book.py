@@ -197,7 +197,17 @@ class BatchBook:
                 f"AND {status} = '{DEFERRED}'")
         self._ours = (f"SELECT request_key FROM {lines} WHERE {by_key} = {mark} "
                       "AND request_key IN ")
-        self._attempts = f"SELECT request_key, attempt FROM {lines} WHERE submission_id = {mark}"
+        if mark == "?":  # SQLite: lines by rowid (see settle_lines)
+            self._places = (f"SELECT rowid, request_key, attempt FROM {lines} "
+                            f"WHERE submission_id = ?")
+            self._settle_by_rowid: str | None = (
+                f"UPDATE {lines} SET state = ?, content = ?, prompt_tokens = ?, "
+                "completion_tokens = ?, finish_reason = ?, error = ?, error_type = ?, "
+                "retryable = ? WHERE rowid = ? AND request_key = ?")
+        else:
+            self._places = (f"SELECT request_key, attempt FROM {lines} "
+                            f"WHERE submission_id = {mark}")
+            self._settle_by_rowid = None
         try:
             self.batches.metadata.create_all(self.engine, checkfirst=True)
         except sa.exc.DatabaseError:  # created by another process meanwhile
@@ -357,15 +367,32 @@ class BatchBook:
                                  retryable=retryable))
 
     # -- collecting --------------------------------------------------------------------------
-    def settle_lines(self, submission_id: str, outcomes: Sequence[tuple]) -> None:
+    def settle_lines(self, submission_id: str, outcomes: Sequence[tuple],
+                     places: dict[str, tuple[int | None, int]] | None = None) -> None:
         """Write line outcomes of one batch: ``(state, content, prompt_tokens,
         completion_tokens, finish_reason, error, error_type, retryable, request_key)`` tuples
-        (the statement's parameter order, less the batch's id)."""
+        (the statement's parameter order, less the batch's id). ``places``: the batch's
+        :meth:`line_places`, with which SQLite updates each line by its rowid, in rowid
+        order: one B-tree, walked in order, instead of the key's index then the row."""
         if not outcomes:
             return
+        by_key = outcomes
         with self.engine.begin() as conn:
-            conn.exec_driver_sql(self._settle_line, in_key_order(
-                [(*outcome, submission_id) for outcome in outcomes], key=_KEY_BEFORE_LAST))
+            if places is not None and self._settle_by_rowid is not None:
+                rows, by_key = [], []
+                for outcome in outcomes:
+                    place = places.get(outcome[-1])
+                    if place is None or place[0] is None:
+                        by_key.append(outcome)  # a key this batch does not have: updates none
+                    else:
+                        rows.append((*outcome[:-1], place[0], outcome[-1]))
+                rows.sort(key=_KEY_BEFORE_LAST)  # by rowid
+                done = conn.exec_driver_sql(self._settle_by_rowid, rows).rowcount
+                if done != len(rows):  # rowids that no longer are these lines' (a VACUUM)
+                    by_key = outcomes
+            if by_key:
+                conn.exec_driver_sql(self._settle_line, in_key_order(
+                    [(*outcome, submission_id) for outcome in by_key], key=_KEY_BEFORE_LAST))
 
     def mark_missing(self, submission_id: str, error: str, error_type: str) -> int:
         """Lines the ended batch answered neither way: a next batch may submit them again."""
@@ -435,13 +462,16 @@ class BatchBook:
         finally:
             cursor.close()
 
-    def attempts_of(self, submission_id: str) -> dict[str, int]:
-        """Each line's attempt number, of one batch (read through its submission index)."""
+    def line_places(self, submission_id: str) -> dict[str, tuple[int | None, int]]:
+        """Each line of one batch: its rowid (SQLite; None elsewhere) and attempt number, by
+        key, read through the batch's submission index."""
         with self.engine.connect() as conn:
             cursor = conn.connection.dbapi_connection.cursor()
             try:
-                cursor.execute(self._attempts, (submission_id,))
-                return dict(cursor.fetchall())
+                cursor.execute(self._places, (submission_id,))
+                if self._settle_by_rowid is None:
+                    return {key: (None, attempt) for key, attempt in cursor.fetchall()}
+                return {key: (rowid, attempt) for rowid, key, attempt in cursor.fetchall()}
             finally:
                 cursor.close()
 

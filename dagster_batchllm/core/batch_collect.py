@@ -143,6 +143,7 @@ class BatchCollector:
         outcomes: list[tuple] = []
         hold = (self._hold_for == (row["scope"], row["partition_key"])
                 and len(self.answers) < HELD_ANSWERS)
+        places = self.book.line_places(sub)  # where each line is, and its attempt
         held: list[tuple] = []  # the answered lines' outcomes, to hold once all are written
         for result in protocol.results(status, row["route"]):
             error = result.error
@@ -166,9 +167,9 @@ class BatchCollector:
                                  bool(error.retryable) and result.error is not None,
                                  result.request_key))
             if len(outcomes) >= _SETTLE_CHUNK:
-                self.book.settle_lines(sub, outcomes)
+                self.book.settle_lines(sub, outcomes, places)
                 outcomes = []
-        self.book.settle_lines(sub, outcomes)
+        self.book.settle_lines(sub, outcomes, places)
         name = status.batch_id
         if status.status == "failed":
             self.book.fail_lines(sub, f"batch {name} failed: {status.errors or 'no reason given'}",
@@ -178,21 +179,23 @@ class BatchCollector:
             ErrorType.TIMEOUT.value)
         self.book.update_batch(sub, status=COLLECTED)
         if held:
-            self._hold(row, held)
+            self._hold(row, held, places)
         self.log.info(f"batchllm: collected batch {name} ({status.status}): {ok} answered, "
                       f"{failed} failed, {missing} unanswered")
         return {**row, "status": COLLECTED, "provider_status": status.status}
 
 
-    def _hold(self, row: dict[str, Any], held: list[tuple]) -> None:
+    def _hold(self, row: dict[str, Any], held: list[tuple],
+              places: dict[str, tuple[int | None, int]]) -> None:
         """The answered lines of a batch just collected: (the batch's id, submission id,
         creation and end; the line's attempt, text, tokens and finish reason) by key, a
         sixth of what each line's LineState would hold."""
-        attempts = self.book.attempts_of(row["submission_id"])
         batch = (row["submission_id"], row["batch_id"], row["created_at"], row["ended_at"])
         answers, room = self.answers, HELD_ANSWERS - len(self.answers)
         for _state, content, prompt, completion, reason, _e, _t, _r, key in held[:room]:
-            answers[key] = (batch, attempts[key], content, prompt, completion, reason)
+            place = places.get(key)
+            if place is not None:  # (else a line this batch does not have: the book's none)
+                answers[key] = (batch, place[1], content, prompt, completion, reason)
 
     @staticmethod
     def held_line(key: str, held: tuple) -> LineState:
