@@ -7,7 +7,10 @@ batch is polled; an ended one is claimed (so two runs never collect it both) and
 error files are streamed into its lines: the reply read (its text, usage and finish reason)
 for each answered line, and a reply that is no completion as that line's error; the error (and
 whether a retry may fix it: 429, 5xx) for each failed one, and ``missing`` for the lines an
-expired or cancelled batch never answered. The engine's next pass turns those into row outcomes.
+expired or cancelled batch never answered. The engine's next pass turns those into row outcomes
+(the answers of its own partition's batches it takes from :attr:`BatchCollector.answers`, as
+the book holds them, without reading them back). The usual chat answers are read in Arrow, in
+blocks of lines (see :mod:`.batch_lines`); SQLite lines are settled by rowid.
 """
 
 from __future__ import annotations

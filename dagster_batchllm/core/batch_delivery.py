@@ -14,6 +14,11 @@ without waiting for any batch:
   the line is appended to the open file of its model and recorded in the book, the token budget
   is charged its reservation, and the row is deferred, waiting for that batch.
 
+Two shortcuts spare most keys their lookup: an answer the call's collector has just collected
+is taken from it (:attr:`~.batch_collect.BatchCollector.answers`), and after a parcel whose keys
+had no line the next are recorded as first attempts at once, all or none: if any of them has a
+line after all, the book takes none of them and they are looked up and decided as above.
+
 So a worker never waits for a batch, and memory stays flat in rows: lines are streamed to a
 file on disk, which is cut at the endpoint's ``max_requests_per_batch`` / ``max_bytes_per_batch``
 and uploaded by a background task while the run goes on. Lookups and book writes are gathered
