@@ -187,7 +187,6 @@ class BatchCollector:
                       f"{failed} failed, {missing} unanswered")
         return {**row, "status": COLLECTED, "provider_status": status.status}
 
-
     def _hold(self, row: dict[str, Any], held: list[tuple],
               places: dict[str, tuple[int | None, int]]) -> None:
         """The answered lines of a batch just collected: (the batch's id, submission id,

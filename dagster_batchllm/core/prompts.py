@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import Any
@@ -135,21 +135,27 @@ def make_request(
     model: str, messages: list[dict[str, Any]], params: Mapping[str, Any], max_tokens: int
 ) -> RowRequest:
     body = _encode({"model": model, "messages": messages, **params})
-    content_bytes = 0
-    content_chars = 0
+    texts = []
     for message in messages:
         content = message.get("content") or ""
-        text = content if isinstance(content, str) else json.dumps(content)
-        content_chars += len(text)
+        texts.append(content if isinstance(content, str) else json.dumps(content))
+    return _request(body, model, texts, max_tokens)
+
+
+def _request(body: bytes, model: str, texts: Sequence[str], max_tokens: int) -> RowRequest:
+    """The request of ``body``, its token bounds from its messages' texts."""
+    chars = content_bytes = 0
+    for text in texts:
+        chars += len(text)
         # Bytes as UTF-8, without encoding: an ASCII text has as many as it has characters.
         content_bytes += len(text) if text.isascii() else len(text.encode("utf-8"))
-    n = len(messages)
-    typical = math.ceil(content_chars / _TYPICAL_CHARS_PER_TOKEN) + 4 * n
+    n = len(texts)
     upper = content_bytes + _TEMPLATE_TOKENS_PER_MESSAGE * n + _TEMPLATE_TOKENS_PER_REQUEST
     return RowRequest(
         key=hashlib.sha256(body).hexdigest(), model=model, body=body,
-        reserve_tokens=upper + max_tokens, typical_prompt_tokens=typical, max_tokens=max_tokens,
-    )
+        reserve_tokens=upper + max_tokens,
+        typical_prompt_tokens=math.ceil(chars / _TYPICAL_CHARS_PER_TOKEN) + 4 * n,
+        max_tokens=max_tokens)
 
 
 # A text no prompt holds, which the canonical encoder writes as it is (``\\u0000``-escaped).
@@ -198,17 +204,7 @@ class _Skeleton:
         except UnicodeEncodeError as exc:
             raise InvalidInputError(
                 f"the prompt is not valid Unicode text ({exc.reason})") from None
-        chars = content_bytes = 0
-        for part in texts:
-            chars += len(part)
-            content_bytes += len(part) if part.isascii() else len(part.encode("utf-8"))
-        n = len(texts)
-        return RowRequest(
-            key=hashlib.sha256(body).hexdigest(), model=self.model, body=body,
-            reserve_tokens=(content_bytes + _TEMPLATE_TOKENS_PER_MESSAGE * n
-                            + _TEMPLATE_TOKENS_PER_REQUEST + max_tokens),
-            typical_prompt_tokens=math.ceil(chars / _TYPICAL_CHARS_PER_TOKEN) + 4 * n,
-            max_tokens=max_tokens)
+        return _request(body, self.model, texts, max_tokens)
 
 
 def _encode(payload: dict[str, Any]) -> bytes:
