@@ -147,7 +147,7 @@ def bench_spark(tmp: Path, registry: LocalRegistry, frame, rounds: int = 3
         run(ours(use_ledger=True), warm)
         for _ in range(rounds):
             column = ours(use_ledger=True)
-            passes["ledger"].append(_timed(lambda: run(column, df))[0])
+            passes["ledger"].append(_timed(lambda column=column: run(column, df))[0])
         rates = {name: len(frame) / min(seconds) for name, seconds in passes.items()}
         # Each round's ratio to that round's spark_udf pass, then their median: less moved
         # by a slow minute of the machine than the ratio of two bests.

@@ -4,9 +4,11 @@ Two tables in the ledger's database (``<ledger>_batches``, ``<ledger>_batch_line
 written here, with its batch's submission id, *before* the provider hears of the batch, so a
 rerun after a crash, or a concurrent run of another partition, finds it in a live batch and
 waits for that batch instead of paying for it again. When a batch ends, its output and error
-files are streamed into its lines (the reply body, or the error with whether a retry may fix
-it); the next pass of the call hands those to the engine as replies, so they are parsed by the
-task and recorded in the ledger like online answers.
+files are streamed into its lines (the reply's text and usage, or the error with whether a
+retry may fix it); the next pass of the call hands those to the engine as replies, so they are
+parsed by the task and recorded in the ledger like online answers. The lines of a batch that
+the collecting call delivers itself are only marked ``ok`` here: their answers are in the
+ledger (see :meth:`BatchBook.settle_delivered`).
 
 A batch row goes ``submitting`` (recorded, not yet created at the provider) -> the provider's
 statuses (``validating``, ``in_progress``, ``finalizing``, ``completed``, ``expired``,
@@ -26,7 +28,7 @@ from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
-from .ledger import DEFERRED, KeyList, Ledger, in_key_order
+from .ledger import DEFERRED, FAILED, KeyList, Ledger, in_key_order
 
 SUBMITTING, COLLECTING, COLLECTED, SUBMIT_FAILED = (
     "submitting", "collecting", "collected", "submit_failed")
@@ -394,15 +396,39 @@ class BatchBook:
                 conn.exec_driver_sql(self._settle_line, in_key_order(
                     [(*outcome, submission_id) for outcome in by_key], key=_KEY_BEFORE_LAST))
 
-    def mark_missing(self, submission_id: str, error: str, error_type: str) -> int:
-        """Lines the ended batch answered neither way: a next batch may submit them again."""
+    def mark_missing(self, submission_id: str, error: str, error_type: str,
+                     keys: Sequence[str] | None = None) -> int:
+        """Lines the ended batch answered neither way: a next batch may submit them again.
+        ``keys``: only these (the batch's other pending lines are answered, their answers
+        held by the collector; see :meth:`settle_delivered`)."""
+        t = self.lines
+        query = t.update().where(t.c.submission_id == submission_id, t.c.state == PENDING)
+        values = {"state": LINE_MISSING, "error": error, "error_type": error_type,
+                  "retryable": True}
         with self.engine.begin() as conn:
-            return conn.execute(
-                self.lines.update()
-                .where(self.lines.c.submission_id == submission_id,
-                       self.lines.c.state == PENDING)
-                .values(state=LINE_MISSING, error=error, error_type=error_type,
-                        retryable=True)).rowcount
+            if keys is None:
+                return conn.execute(query.values(**values)).rowcount
+            return sum(conn.execute(query.where(t.c.request_key.in_(keys[start:start + _CHUNK]))
+                                    .values(**values)).rowcount
+                       for start in range(0, len(keys), _CHUNK))
+
+    def settle_delivered(self, submission_id: str) -> int:
+        """The batch's lines still pending are answered, and their answers are in the
+        ledger's records of the batch's partition (written by the run that collected them):
+        they become ``ok`` without a copy of the answer here."""
+        t = self.lines
+        with self.engine.begin() as conn:
+            return conn.execute(t.update().where(t.c.submission_id == submission_id,
+                                                 t.c.state == PENDING)
+                                .values(state=LINE_OK)).rowcount
+
+    def failed_records(self, scope: str, partition_key: str) -> set[str]:
+        """The keys of the partition's failed ledger records (through the status index)."""
+        t = self.ledger_table
+        with self.engine.connect() as conn:
+            return set(conn.execute(sa.select(t.c.request_key).where(
+                t.c.status == FAILED, t.c.scope == scope,
+                t.c.partition_key == partition_key)).scalars())
 
     # -- reading -----------------------------------------------------------------------------
     def batch(self, submission_id: str) -> dict[str, Any] | None:

@@ -8,18 +8,27 @@ error files are streamed into its lines: the reply read (its text, usage and fin
 for each answered line, and a reply that is no completion as that line's error; the error (and
 whether a retry may fix it: 429, 5xx) for each failed one, and ``missing`` for the lines an
 expired or cancelled batch never answered. The engine's next pass turns those into row outcomes
-(the answers of its own partition's batches it takes from :attr:`BatchCollector.answers`, as
-the book holds them, without reading them back). The usual chat answers are read in Arrow, in
-blocks of lines (see :mod:`.batch_lines`); SQLite lines are settled by rowid.
+(the answers of its own partition's batches it takes from :attr:`BatchCollector.answers`,
+without reading them back). The usual chat answers are read in Arrow, in blocks of lines, as
+columns (see :mod:`.batch_lines`); SQLite lines are settled by rowid.
+
+A batch of the call's own partition whose answers all fit in that hold is *in hand*
+(:attr:`BatchCollector.in_hand`): its answers are written once, by the pass, to the ledger,
+and the book marks them answered without a copy (:meth:`BatchCollector.deliver_in_hand`). Till
+then the batch stays "collecting" by this process, so a process killed meanwhile leaves it to
+the next run, which collects it again from the provider's output file: nothing is paid twice
+and nothing is lost.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .batch_book import (
@@ -34,8 +43,10 @@ from .batch_book import (
     LineState,
     counts_text,
     owner_alive,
+    owner_id,
 )
-from .batch_protocol import BatchProtocol, BatchStatus
+from .batch_lines import AnswerBlock
+from .batch_protocol import BatchProtocol, BatchStatus, LineResult
 from .errors import ErrorType, InferenceConfigError, RowError
 from .transport import CHAT_ROUTE, completion_from_payload
 
@@ -47,6 +58,28 @@ _SETTLE_CHUNK = 8192  # lines per book transaction (see in_key_order)
 # Answered lines a collector holds for its call's next pass (see BatchCollector.answers): a
 # pass over that many rows reads no line of them back from the book, for about 30 MB held.
 HELD_ANSWERS = 1 << 17
+# Batches a collector of this process is collecting, or holds the answers of: a "collecting"
+# batch of this process that is not here was left by a call that ended (collected again).
+_IN_HAND: set[str] = set()
+_COLLECTING_HERE: set[str] = set()
+_HERE = threading.Lock()
+
+
+@contextlib.contextmanager
+def _taken(submission_id: str) -> Iterator[bool]:
+    """Whether no other collector of this process is collecting the batch; it is this one's
+    while the block runs (before its claim in the book, so two of one process never both
+    collect a batch that a call of theirs gave up)."""
+    with _HERE:
+        mine = submission_id not in _COLLECTING_HERE and submission_id not in _IN_HAND
+        if mine:
+            _COLLECTING_HERE.add(submission_id)
+    try:
+        yield mine
+    finally:
+        if mine:
+            with _HERE:
+                _COLLECTING_HERE.discard(submission_id)
 
 
 class BatchCollector:
@@ -62,6 +95,13 @@ class BatchCollector:
         #: reading each back. Only a cache: the book has every line.
         self.answers: dict[str, tuple] = {}
         self._hold_for = hold_for
+        #: Batches of the call's partition whose answers are only here (and at the provider)
+        #: until the call's pass has written them to the ledger: submission id -> (the batch's
+        #: row, its provider status, the keys answered). They stay "collecting", by this
+        #: process, till :meth:`deliver_in_hand`; a process killed meanwhile leaves them to
+        #: the next run, which collects them again. So an answer is written once, to the
+        #: ledger, not to the book and then the ledger.
+        self.in_hand: dict[str, tuple[dict[str, Any], str, list[str]]] = {}
 
     async def refresh(self, only: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """Poll, recover and collect the unfinished batches (all, or the submission ids
@@ -111,11 +151,17 @@ class BatchCollector:
         if row["status"] in ENDED and not self._collecting:
             return row
         if row["status"] == COLLECTING:
-            if (not self._collecting or owner_alive(row["owner"], row["updated_at"])
-                    or not self.book.claim(sub, COLLECTING, COLLECTING)):
+            if sub in self.in_hand:  # collected: its answers wait here for the next pass
+                return {**row, "status": COLLECTED}
+            if (not self._collecting or sub in _IN_HAND or sub in _COLLECTING_HERE
+                    or (row["owner"] != owner_id()  # else a call of this process gave it up
+                        and owner_alive(row["owner"], row["updated_at"]))):
                 return row
-            status = protocol.poll(row["batch_id"])  # its collector died: collect it again
-            return self._collect(row, status)
+            with _taken(sub) as mine:
+                if not mine or not self.book.claim(sub, COLLECTING, COLLECTING):
+                    return row
+                status = protocol.poll(row["batch_id"])  # its collector died: collect again
+                return self._collect(row, status)
         status = protocol.poll(row["batch_id"])
         counts = json.dumps(status.request_counts)
         if not status.ended:
@@ -129,14 +175,22 @@ class BatchCollector:
                                        request_counts=counts)
             return {**row, "status": status.status, "request_counts": counts}
         ended_at = time.time()
-        if not self.book.claim(sub, row["status"], COLLECTING, request_counts=counts,
-                               output_file_id=status.output_file_id,
-                               error_file_id=status.error_file_id, errors=status.errors,
-                               ended_at=ended_at):
-            return self.book.batch(sub) or row  # another run collects it
-        return self._collect({**row, "request_counts": counts, "ended_at": ended_at}, status)
+        with _taken(sub) as mine:
+            if not mine or not self.book.claim(
+                    sub, row["status"], COLLECTING, request_counts=counts,
+                    output_file_id=status.output_file_id, error_file_id=status.error_file_id,
+                    errors=status.errors, ended_at=ended_at):
+                return self.book.batch(sub) or row  # another run collects it
+            return self._collect({**row, "request_counts": counts, "ended_at": ended_at},
+                                 status)
 
     def _collect(self, row: dict[str, Any], status: BatchStatus) -> dict[str, Any]:
+        result = self._collect_claimed(row, status)
+        if row["submission_id"] in self.in_hand:
+            _IN_HAND.add(row["submission_id"])  # past the collect: until it is delivered
+        return result
+
+    def _collect_claimed(self, row: dict[str, Any], status: BatchStatus) -> dict[str, Any]:
         sub, protocol = row["submission_id"], self.protocols[row["endpoint"]]
         read, endpoint = _READERS.get(row["route"]), row["endpoint"]
         if read is None:
@@ -144,31 +198,30 @@ class BatchCollector:
                                        "this version cannot read")
         ok = failed = 0
         outcomes: list[tuple] = []
-        hold = (self._hold_for == (row["scope"], row["partition_key"])
-                and len(self.answers) < HELD_ANSWERS)
+        room = (HELD_ANSWERS - len(self.answers)
+                if self._hold_for == (row["scope"], row["partition_key"]) else 0)
+        hold = room > 0
         places = self.book.line_places(sub)  # where each line is, and its attempt
-        held: list[tuple] = []  # the answered lines' outcomes, to hold once all are written
+        # Every answer of a batch of the call's partition fits in the hold: they are written
+        # to the ledger by the call's pass, and not to the book first (see in_hand).
+        in_hand = hold and len(places) <= room and status.status != "failed"
+        # The answered lines (key, text, prompt and completion tokens, finish reason), to
+        # hold once all are written.
+        held: list[tuple] = []
         for result in protocol.results(status, row["route"]):
-            error = result.error
-            if error is None:
-                try:
-                    answer = result.answer or read(result.reply, endpoint=endpoint,
-                                                   latency_s=0.0)
-                except RowError as exc:  # a 200 that is no completion: the row fails with it,
-                    error = exc  # as when a pass read the reply (it is not asked again)
-                else:
-                    ok += 1
-                    outcomes.append((LINE_OK, answer.content, answer.prompt_tokens,
-                                     answer.completion_tokens, answer.finish_reason, None, None,
-                                     False, result.request_key))
-                    if hold:
-                        held.append(outcomes[-1])
-            if error is not None and not result.expired:  # expired: "missing", marked below
+            if type(result) is AnswerBlock:  # many lines' answers, as columns
+                ok += len(result.keys)
+                if hold:
+                    held.extend(zip(*result, strict=True))
+                if not in_hand:
+                    outcomes.extend(
+                        (LINE_OK, content, prompt, completion, reason, None, None, False, key)
+                        for key, content, prompt, completion, reason in zip(*result, strict=True))
+            elif _read_line(result, read, endpoint, outcomes, held if hold else None,
+                            in_hand):
+                ok += 1
+            elif not result.expired:  # expired: "missing", marked below
                 failed += 1
-                outcomes.append((LINE_FAILED, None, 0, 0, None, error.message,
-                                 error.error_type.value,
-                                 bool(error.retryable) and result.error is not None,
-                                 result.request_key))
             if len(outcomes) >= _SETTLE_CHUNK:
                 self.book.settle_lines(sub, outcomes, places)
                 outcomes = []
@@ -177,15 +230,78 @@ class BatchCollector:
         if status.status == "failed":
             self.book.fail_lines(sub, f"batch {name} failed: {status.errors or 'no reason given'}",
                                  ErrorType.BAD_REQUEST.value, False)
-        missing = self.book.mark_missing(
-            sub, f"batch {name} {status.status} before this line was answered",
-            ErrorType.TIMEOUT.value)
-        self.book.update_batch(sub, status=COLLECTED)
+        unanswered = f"batch {name} {status.status} before this line was answered"
+        if in_hand:
+            # Its answered lines stay pending until the pass has their records in the ledger:
+            # only the others are unanswered.
+            answered = [answer[0] for answer in held]
+            seen = set(answered)  # (and the failed lines, which are no longer pending)
+            missing = self.book.mark_missing(sub, unanswered, ErrorType.TIMEOUT.value,
+                                             keys=[key for key in places if key not in seen])
+            self.in_hand[sub] = (row, status.status, answered)
+        else:
+            missing = self.book.mark_missing(sub, unanswered, ErrorType.TIMEOUT.value)
+            self.book.update_batch(sub, status=COLLECTED)
         if held:
             self._hold(row, held, places)
         self.log.info(f"batchllm: collected batch {name} ({status.status}): {ok} answered, "
                       f"{failed} failed, {missing} unanswered")
         return {**row, "status": COLLECTED, "provider_status": status.status}
+
+    def deliver_in_hand(self, taken: set[str]) -> None:
+        """After the call's pass wrote its records: the batches in hand become collected.
+        Their answers the pass did not take (rows no longer in the table), or took and the
+        task refused (a failed record, which a rerun reads the answer again for), are written
+        to the book; the rest are ``ok`` there with their answers in the ledger."""
+        if not self.in_hand:
+            return
+        refused = self.book.failed_records(*self._hold_for) if self._hold_for else set()
+        for sub, (_row, _status, keys) in list(self.in_hand.items()):
+            answers = self.answers
+            write = [key for key in keys if key not in taken or key in refused]
+            self.book.settle_lines(sub, self._outcomes(write))
+            self.book.settle_delivered(sub)
+            self.book.update_batch(sub, status=COLLECTED)
+            for key in keys:
+                answers.pop(key, None)
+            del self.in_hand[sub]
+            _IN_HAND.discard(sub)
+
+    def release_in_hand(self) -> None:
+        """After a pass that did not end (a stop, an error): the answers in hand are written
+        to the book, as a batch not held is, so none waits on this process; where even that
+        fails, the batch is handed back to its provider status, for the next run to collect
+        again (its output file is still there)."""
+        for sub, (_row, provider_status, keys) in list(self.in_hand.items()):
+            try:
+                self.book.settle_lines(sub, self._outcomes(keys))
+                self.book.update_batch(sub, status=COLLECTED)
+            except Exception as exc:
+                self.log.warning(f"batchllm: writing the answers of batch {sub} to the book "
+                                 f"failed ({type(exc).__name__}: {str(exc)[:300]}); the next "
+                                 "run collects the batch again")
+                try:
+                    self.book.update_batch(sub, expect_status=COLLECTING,
+                                           status=provider_status)
+                except Exception:  # the book is out of reach: its owner check frees it later
+                    self.log.warning(f"batchllm: batch {sub} stays marked as collecting until "
+                                     "this process ends")
+            finally:
+                for key in keys:
+                    self.answers.pop(key, None)
+                del self.in_hand[sub]
+                _IN_HAND.discard(sub)
+
+    def _outcomes(self, keys: list[str]) -> list[tuple]:
+        """Held answers as the book's line outcomes."""
+        outcomes = []
+        for key in keys:
+            held = self.answers.get(key)
+            if held is not None:
+                _batch, _attempt, content, prompt, completion, reason = held
+                outcomes.append((LINE_OK, content, prompt, completion, reason, None, None,
+                                 False, key))
+        return outcomes
 
     def _hold(self, row: dict[str, Any], held: list[tuple],
               places: dict[str, tuple[int | None, int]]) -> None:
@@ -194,7 +310,7 @@ class BatchCollector:
         sixth of what each line's LineState would hold."""
         batch = (row["submission_id"], row["batch_id"], row["created_at"], row["ended_at"])
         answers, room = self.answers, HELD_ANSWERS - len(self.answers)
-        for _state, content, prompt, completion, reason, _e, _t, _r, key in held[:room]:
+        for key, content, prompt, completion, reason in held[:room]:
             place = places.get(key)
             if place is not None:  # (else a line this batch does not have: the book's none)
                 answers[key] = (batch, place[1], content, prompt, completion, reason)
@@ -205,6 +321,31 @@ class BatchCollector:
         (sub, batch_id, created, ended), attempt, content, prompt, completion, reason = held
         return LineState(key, sub, batch_id, COLLECTED, attempt, LINE_OK, content, reason, None,
                          prompt, completion, None, None, False, created, ended)
+
+
+def _read_line(result: LineResult, read: Any, endpoint: str, outcomes: list[tuple],
+               held: list[tuple] | None, in_hand: bool) -> bool:
+    """One result line into its outcome (an answer held, and written unless ``in_hand``; a
+    failure written; nothing for an expired line); whether it was answered."""
+    error = result.error
+    if error is None:
+        try:
+            answer = read(result.reply, endpoint=endpoint, latency_s=0.0)
+        except RowError as exc:  # a 200 that is no completion: the row fails with it, as
+            error = exc  # when a pass read the reply (it is not asked again)
+        else:
+            found = (result.request_key, answer.content, answer.prompt_tokens,
+                     answer.completion_tokens, answer.finish_reason)
+            if held is not None:
+                held.append(found)
+            if not in_hand:
+                outcomes.append((LINE_OK, *found[1:], None, None, False, found[0]))
+            return True
+    if not result.expired:
+        outcomes.append((LINE_FAILED, None, 0, 0, None, error.message, error.error_type.value,
+                         bool(error.retryable) and result.error is not None,
+                         result.request_key))
+    return False
 
 
 def progress_line(rows: list[dict[str, Any]]) -> str:

@@ -63,19 +63,26 @@ Note = tuple[Spool, str, int, bytes, bool]
 class BatchDelivery(SendsParcels):
     """A :class:`~.delivery.Delivery` that submits requests as offline batch lines."""
 
-    #: Its answers are in the batch book before the engine sees them: a run killed before
-    #: writing them to the ledger loses none, so the run keeps no journal of its own.
+    #: Its answers are in the batch book, or at the provider in a batch the book has as
+    #: collecting (see BatchCollector.in_hand), before the engine sees them: a run killed
+    #: before writing them to the ledger loses none, so the run keeps no journal of its own.
     keeps_answers = True
 
     def __init__(self, settings: InferenceSettings, book: BatchBook,
                  protocols: dict[str, BatchProtocol], *, route: str, parse: ReplyParser,
                  budget: TokenBudget | None, scope: str, partition_key: str,
                  run_id: str | None, log: Any = None,
-                 answered: dict[str, tuple] | None = None):
+                 answered: dict[str, tuple] | None = None,
+                 in_hand: dict[str, Any] | None = None):
         self.settings = settings
         #: Lines the call's collector just collected (BatchCollector.answers), taken from
-        #: there rather than read back from the book; each taken once.
+        #: there rather than read back from the book, and the keys taken (the collector
+        #: writes the answers of the others to the book after the pass).
         self.answered = answered if answered is not None else {}
+        self.taken: set[str] = set()
+        #: The collector's batches in hand (BatchCollector.in_hand): "collecting" in the
+        #: book, collected for this pass.
+        self.in_hand = in_hand if in_hand is not None else {}
         self.book = book
         self.protocols = protocols
         self.route = route
@@ -213,6 +220,13 @@ class BatchDelivery(SendsParcels):
                     except RowError as exc:
                         results[i] = exc
                     continue
+                if line.state == LINE_OK:  # its answer went to the ledger, which lost it
+                    self.collected_failed += 1
+                    results[i] = RowError(
+                        f"batch {line.batch_name} answered this request and its answer was "
+                        "written to the ledger, which no longer holds it (a record deleted "
+                        "by hand?); it is not submitted again", error_type=ErrorType.INTERNAL)
+                    continue
                 if not line.retryable or line.attempt >= max_attempts:
                     self.collected_failed += 1
                     tries = "" if not line.retryable else (
@@ -288,17 +302,30 @@ class BatchDelivery(SendsParcels):
     def _latest_lines(self, keys: list[str]) -> list[Any]:
         answered = self.answered
         if answered:
-            held_line, take = BatchCollector.held_line, answered.pop
-            lines = [held_line(key, held) if (held := take(key, None)) is not None else None
+            held_line, find, taken = BatchCollector.held_line, answered.get, self.taken
+            lines = [held_line(key, held) if (held := find(key)) is not None else None
                      for key in keys]
-            unread = [key for key, line in zip(keys, lines, strict=True) if line is None]
+            unread = []
+            for key, line in zip(keys, lines, strict=True):
+                if line is None:
+                    unread.append(key)
+                else:
+                    taken.add(key)
             if not unread:
                 return lines
-            found = self.book.latest_lines(unread)
+            found = self._read_lines(unread)
             return [line if line is not None else found.get(key)
                     for key, line in zip(keys, lines, strict=True)]
-        found = self.book.latest_lines(keys)
+        found = self._read_lines(keys)
         return [found.get(key) for key in keys]
+
+    def _read_lines(self, keys: list[str]) -> dict[str, Any]:
+        found = self.book.latest_lines(keys)
+        if self.in_hand:  # the call's own collector has those batches' answers: collected
+            for key, line in found.items():
+                if line.submission_id in self.in_hand:
+                    found[key] = line._replace(batch_status=COLLECTED)
+        return found
 
     # -- files -------------------------------------------------------------------------------
     def _spool_for(self, size: int, model: str, endpoint: EndpointSpec) -> Spool:

@@ -2,8 +2,9 @@
 
 A result file holds one JSON line per request (``{"custom_id", "response": {"status_code",
 "body"}, "error"}``). Parsing each with ``json.loads`` builds every dict of the reply only to
-read four of its fields, most of a collect's CPU; :func:`chat_answers` parses a block of
-lines with Arrow's JSON reader (in C++) and takes those fields as columns. Where a line is not
+read four of its fields, most of a collect's CPU; :func:`chat_answer_block` parses a block
+of lines with Arrow's JSON reader (in C++) and hands those fields on as columns (an
+:class:`AnswerBlock`, no object per line). Where a line is not
 the usual answer of a chat completion (another status, an error line, no text, or fields of
 types that vary), that line is left to the per-line reader, which says why it is not an
 answer; where Arrow cannot read the block at all, every line of it is.
@@ -13,9 +14,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterable, Iterator
-from typing import Any
-
-from .transport import Completion
+from typing import Any, NamedTuple
 
 #: Lines parsed at once: a few MB of replies, so memory stays flat in the file's size.
 BLOCK_LINES = 8192
@@ -40,22 +39,34 @@ def line_blocks(chunks: Iterable[bytes], block_lines: int = BLOCK_LINES
         yield block
 
 
-def chat_answers(lines: list[bytes]) -> list[tuple[str, Completion] | None]:
-    """For each line, (its custom_id, its answer) when it is a chat completion answered 200
-    with text, read as ``completion_from_payload`` reads one; None for every other line (and
-    for every line of a block Arrow cannot read as such)."""
+class AnswerBlock(NamedTuple):
+    """The chat answers Arrow read from a block of lines, as columns: one entry per answered
+    line, its text, usage (0 where the reply reported none) and finish reason. A collect
+    takes them as they are, with no object per line."""
+
+    keys: list[str]
+    contents: list[str]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    finish_reasons: list[str | None]
+
+
+def chat_answer_block(lines: list[bytes]) -> tuple[AnswerBlock | None, list[int]]:
+    """The block's lines that are a chat completion answered 200 with text, read as
+    ``completion_from_payload`` reads one, and the positions of the other lines (every line,
+    where Arrow cannot read the block as such), for the per-line reader."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.json as pj
 
-    none: list[tuple[str, Completion] | None] = [None] * len(lines)
+    every = list(range(len(lines)))
     try:
         data = b"\n".join(lines)
         table = pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(
             use_threads=False, block_size=len(data) + 1), parse_options=_parse_options())
         if table.num_rows != len(lines):
-            return none
+            return None, every
         keys = table.column("custom_id").combine_chunks()
         response = table.column("response").combine_chunks()
         status = _field(response, "status_code")
@@ -64,10 +75,10 @@ def chat_answers(lines: list[bytes]) -> list[tuple[str, Completion] | None]:
         usage = _field(body, "usage")
         if not (pa.types.is_string(keys.type) and pa.types.is_integer(status.type)
                 and pa.types.is_list(choices.type)):
-            return none
+            return None, every
         items = choices.flatten()  # every line's choices, one after another
         if not len(items):
-            return none
+            return None, every
         # Each line's first choice; a line without any points at another's and is left out.
         starts = np.asarray(choices.offsets)
         first = items.take(pa.array(np.minimum(starts[:-1] - starts[0], len(items) - 1)))
@@ -78,29 +89,48 @@ def chat_answers(lines: list[bytes]) -> list[tuple[str, Completion] | None]:
         if not (pa.types.is_string(content.type) and _of(finish.type, pa.types.is_string)
                 and _of(prompt.type, pa.types.is_integer)
                 and _of(completion.type, pa.types.is_integer)):
-            return none
-        usable = pc.and_(pc.equal(status, 200),
-                         pc.greater(pc.fill_null(pc.list_value_length(choices), 0), 0))
+            return None, every
+        usable = pc.fill_null(pc.and_(
+            pc.and_(pc.equal(status, 200),
+                    pc.greater(pc.fill_null(pc.list_value_length(choices), 0), 0)),
+            pc.and_(pc.is_valid(keys), pc.is_valid(content))), False)
+        mask = usable.to_numpy(zero_copy_only=False)
+        columns = [pc.filter(keys, usable).to_pylist(),
+                   pc.filter(content, usable).to_pylist(),
+                   *_usage(prompt, completion, usable),
+                   pc.filter(finish, usable).to_pylist()]
     except (KeyError, ValueError, TypeError, IndexError, pa.ArrowException):
         # Not one shape Arrow can read (a field missing from every line, or of types that
         # vary): each line is read on its own.
-        return none
-    columns = (keys.to_pylist(), usable.to_pylist(), content.to_pylist(), finish.to_pylist(),
-               prompt.to_pylist(), completion.to_pylist())
-    del table, response, body, choices, usage, items, first, content, finish, prompt
+        return None, every
+    del table, response, body, choices, usage, items, first, content, finish, prompt, usable
     # Arrow's allocator keeps what a block freed for the next; given back, memory stays
     # that of one block's replies (a result file is read block after block).
     pa.default_memory_pool().release_unused()
-    answers: list[tuple[str, Completion] | None] = []
-    for key, ok, text, reason, used, given in zip(*columns, strict=True):
-        if not ok or key is None or text is None or not text.strip():
-            answers.append(None)  # the per-line reader says what it is
-            continue
-        reported = used is not None  # as completion_from_payload: prompt_tokens an int
-        answers.append((key, Completion(
-            text, used if reported else 0, (given or 0) if reported else 0, reported, reason,
-            0.0)))
-    return answers
+    others = np.flatnonzero(~mask).tolist()
+    blank = [i for i, text in enumerate(columns[1]) if not text.strip()]
+    if blank:  # a reply without text: the per-line reader says so
+        answered = np.flatnonzero(mask)
+        others = sorted([*others, *(int(answered[i]) for i in blank)])
+        drop = set(blank)
+        columns = [[v for i, v in enumerate(column) if i not in drop] for column in columns]
+    return AnswerBlock(*columns), others
+
+
+def _usage(prompt: Any, completion: Any, usable: Any) -> tuple[list[int], list[int]]:
+    """The usable lines' token counts, as completion_from_payload reads them: both 0 where
+    the reply has no prompt count, a missing completion count 0."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_null(prompt.type):  # no line reports usage
+        zeros = [0] * pc.sum(pc.cast(usable, pa.int64())).as_py() if len(usable) else []
+        return zeros, list(zeros)
+    reported = pc.is_valid(prompt)
+    given = (pc.fill_null(completion, 0) if not pa.types.is_null(completion.type)
+             else pa.array([0] * len(prompt), pa.int64()))
+    return (pc.filter(pc.fill_null(prompt, 0), usable).to_pylist(),
+            pc.filter(pc.if_else(reported, given, 0), usable).to_pylist())
 
 
 def _parse_options() -> Any:

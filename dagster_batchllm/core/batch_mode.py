@@ -120,6 +120,8 @@ class BatchModeCall:
                 if not rows:
                     break
         finally:
+            if self.collector.in_hand:  # collected while waiting, or a pass that did not end
+                await asyncio.to_thread(self.collector.release_in_hand)
             for protocol in self.protocols.values():
                 protocol.close()
         merged.finish(self.settings, time.perf_counter() - started)
@@ -136,7 +138,8 @@ class BatchModeCall:
         delivery = BatchDelivery(
             self.settings, self.book, self.protocols, route=task.route, parse=task.parse_reply,
             budget=self.budget, scope=self.call.scope, partition_key=self.call.partition_key,
-            run_id=self.run_id, log=self.log, answered=self.collector.answers)
+            run_id=self.run_id, log=self.log, answered=self.collector.answers,
+            in_hand=self.collector.in_hand)
         try:
             for start in range(0, max(1, len(rows)), _SLICE_ROWS):
                 part = rows[start:start + _SLICE_ROWS]
@@ -154,6 +157,9 @@ class BatchModeCall:
             await delivery.wait_for_uploads()
             await delivery.discard()
             raise
+        # Each engine run wrote its records before returning: the answers the collector had
+        # in hand are in the ledger now, their batches collected.
+        await asyncio.to_thread(self.collector.deliver_in_hand, delivery.taken)
         await delivery.submit_open_files()
         merged.add_endpoints(delivery.snapshot())  # the pass's figures (the runs' are running)
         await asyncio.to_thread(self._name_batches, merged, rows, delivery.submitted)

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .batch_lines import chat_answers, line_blocks
+from .batch_lines import AnswerBlock, chat_answer_block, line_blocks
 from .errors import RowError, classify_http_error
 from .settings import EndpointSpec
-from .transport import CHAT_ROUTE, Completion
+from .transport import CHAT_ROUTE
 
 #: Metadata key under which a batch carries its submission id, so a run that crashed between
 #: creating the batch and recording its id finds it again.
@@ -48,9 +48,6 @@ class LineResult:
     reply: Any  # the reply body, parsed from the line's JSON, when answered 200
     error: RowError | None
     expired: bool = False
-    #: The reply already read as the route's answer (a chat completion read in Arrow, see
-    #: :mod:`.batch_lines`); ``reply`` is then None.
-    answer: Completion | None = None
 
 
 class BatchProtocol(Protocol):
@@ -72,9 +69,11 @@ class BatchProtocol(Protocol):
 
     def poll(self, batch_id: str) -> BatchStatus: ...
 
-    def results(self, status: BatchStatus, route: str) -> Iterator[LineResult]:
-        """The ended batch's result lines (output then errors), streamed; ``route``: the
-        batch's, whose answers the protocol may read itself (``LineResult.answer``)."""
+    def results(self, status: BatchStatus, route: str
+                ) -> Iterator[LineResult | AnswerBlock]:
+        """The ended batch's result lines (output then errors), streamed: a line each, or
+        the answers of many lines as columns where the protocol read ``route``'s replies
+        itself (see :mod:`.batch_lines`)."""
         ...
 
     def cancel(self, batch_id: str) -> None: ...
@@ -135,19 +134,20 @@ class OpenAIBatchProtocol:
             output_file_id=batch.output_file_id, error_file_id=batch.error_file_id,
             errors=errors)
 
-    def results(self, status: BatchStatus, route: str) -> Iterator[LineResult]:
+    def results(self, status: BatchStatus, route: str
+                ) -> Iterator[LineResult | AnswerBlock]:
         chat = route == CHAT_ROUTE
         for file_id in (status.output_file_id, status.error_file_id):
             if not file_id:
                 continue
             with self.client.files.with_streaming_response.content(file_id) as response:
                 for block in line_blocks(response.iter_bytes(_CHUNK_BYTES)):
-                    answers = chat_answers(block) if chat else [None] * len(block)
-                    for raw, answered in zip(block, answers, strict=True):
-                        if answered is not None:
-                            yield LineResult(answered[0], None, None, answer=answered[1])
-                        else:
-                            yield self._read_line(raw)
+                    answers, others = (chat_answer_block(block) if chat
+                                       else (None, range(len(block))))
+                    if answers is not None and answers.keys:
+                        yield answers
+                    for i in others:
+                        yield self._read_line(block[i])
 
     def _read_line(self, raw: bytes | str) -> LineResult:
         line = json.loads(raw)

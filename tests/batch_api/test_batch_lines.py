@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dagster_batchllm.core.batch_lines import chat_answers, line_blocks
+from dagster_batchllm.core.batch_lines import chat_answer_block, line_blocks
 from dagster_batchllm.core.batch_protocol import OpenAIBatchProtocol
 from dagster_batchllm.core.errors import RowError
 from dagster_batchllm.core.settings import EndpointSpec
@@ -63,14 +63,34 @@ def result_lines(draw, odd: bool | None):
 
 
 def _per_line(raw: bytes):
+    """A line's (key, text, prompt and completion tokens, finish reason) as the per-line
+    reader reads it; None where it is no answer."""
     result = PROTOCOL._read_line(raw)
     if result.error is not None:
         return None
     try:
-        return result.request_key, completion_from_payload(result.reply, endpoint="sim",
-                                                           latency_s=0.0)
+        answer = completion_from_payload(result.reply, endpoint="sim", latency_s=0.0)
     except RowError:
         return None
+    return (result.request_key, answer.content, answer.prompt_tokens,
+            answer.completion_tokens, answer.finish_reason)
+
+
+def chat_answers(raws: list[bytes]) -> list[tuple | None]:
+    """Each line's answer as chat_answer_block reads it, in that shape; None for the lines
+    it leaves to the per-line reader (every line after the block's answers are placed)."""
+    block, others = chat_answer_block(raws)
+    answers: list[tuple | None] = [None] * len(raws)
+    if block is None:
+        assert others == list(range(len(raws)))
+        return answers
+    rest = set(others)
+    assert len(rest) == len(others) and len(others) + len(block.keys) == len(raws)
+    read = iter(zip(*block, strict=True))
+    for i in range(len(raws)):
+        if i not in rest:
+            answers[i] = next(read)
+    return answers
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
