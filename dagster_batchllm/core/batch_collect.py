@@ -40,7 +40,6 @@ from .batch_book import (
     SUBMIT_FAILED,
     SUBMITTING,
     BatchBook,
-    LineState,
     counts_text,
     owner_alive,
     owner_id,
@@ -91,7 +90,7 @@ class BatchCollector:
         self._collecting = True
         #: The answered lines of the batches of partition ``hold_for`` (scope, partition key)
         #: that this collector collected, by key, as the book now holds them (up to
-        #: HELD_ANSWERS; see held_line): the call's next pass takes them from here instead of
+        #: HELD_ANSWERS; see _hold): the call's next pass takes them from here instead of
         #: reading each back. Only a cache: the book has every line.
         self.answers: dict[str, tuple] = {}
         self._hold_for = hold_for
@@ -314,13 +313,6 @@ class BatchCollector:
             place = places.get(key)
             if place is not None:  # (else a line this batch does not have: the book's none)
                 answers[key] = (batch, place[1], content, prompt, completion, reason)
-
-    @staticmethod
-    def held_line(key: str, held: tuple) -> LineState:
-        """A held answer as ``BatchBook.latest_lines`` reads its line."""
-        (sub, batch_id, created, ended), attempt, content, prompt, completion, reason = held
-        return LineState(key, sub, batch_id, COLLECTED, attempt, LINE_OK, content, reason, None,
-                         prompt, completion, None, None, False, created, ended)
 
 
 def _read_line(result: LineResult, read: Any, endpoint: str, outcomes: list[tuple],

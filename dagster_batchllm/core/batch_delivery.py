@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from .batch_book import COLLECTED, LINE_OK, SUBMIT_FAILED, BatchBook, owner_id
-from .batch_collect import BatchCollector
 from .batch_protocol import BatchProtocol
 from .batch_spool import NOT_YET_SUBMITTED, Gatherer, Spool, waiting_for
 from .delivery import SendsParcels
@@ -196,6 +195,14 @@ class BatchDelivery(SendsParcels):
             assert endpoint is not None  # refused before otherwise
             tried.endpoint = endpoint.name
             attempt = 1
+            if type(line) is tuple:  # an answer the collector holds (BatchCollector.answers)
+                (sub, _batch_id, created, ended), tried.count, content, prompt, completion, \
+                    reason = line
+                self.consumed.add(sub)
+                self.collected_ok += 1
+                results[i] = Completion(content, prompt, completion, bool(prompt or completion),
+                                        reason, max(0.0, (ended or created) - created))
+                continue
             if line is not None:
                 if line.batch_status not in (COLLECTED, SUBMIT_FAILED):
                     self.waiting.add(line.submission_id)
@@ -302,17 +309,13 @@ class BatchDelivery(SendsParcels):
     def _latest_lines(self, keys: list[str]) -> list[Any]:
         answered = self.answered
         if answered:
-            held_line, find, taken = BatchCollector.held_line, answered.get, self.taken
-            lines = [held_line(key, held) if (held := find(key)) is not None else None
-                     for key in keys]
-            unread = []
-            for key, line in zip(keys, lines, strict=True):
-                if line is None:
-                    unread.append(key)
-                else:
-                    taken.add(key)
+            find, taken = answered.get, self.taken
+            lines = [find(key) for key in keys]  # a held answer is a tuple (see _place)
+            unread = [key for key, line in zip(keys, lines, strict=True) if line is None]
             if not unread:
+                taken.update(keys)
                 return lines
+            taken.update(key for key, line in zip(keys, lines, strict=True) if line is not None)
             found = self._read_lines(unread)
             return [line if line is not None else found.get(key)
                     for key, line in zip(keys, lines, strict=True)]
