@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from itertools import starmap
 from typing import Any
 
 from .batch_book import (
@@ -59,26 +60,8 @@ _SETTLE_CHUNK = 8192  # lines per book transaction (see in_key_order)
 HELD_ANSWERS = 1 << 17
 # Batches a collector of this process is collecting, or holds the answers of: a "collecting"
 # batch of this process that is not here was left by a call that ended (collected again).
-_IN_HAND: set[str] = set()
-_COLLECTING_HERE: set[str] = set()
-_HERE = threading.Lock()
-
-
-@contextlib.contextmanager
-def _taken(submission_id: str) -> Iterator[bool]:
-    """Whether no other collector of this process is collecting the batch; it is this one's
-    while the block runs (before its claim in the book, so two of one process never both
-    collect a batch that a call of theirs gave up)."""
-    with _HERE:
-        mine = submission_id not in _COLLECTING_HERE and submission_id not in _IN_HAND
-        if mine:
-            _COLLECTING_HERE.add(submission_id)
-    try:
-        yield mine
-    finally:
-        if mine:
-            with _HERE:
-                _COLLECTING_HERE.discard(submission_id)
+_HERE: set[str] = set()
+_HERE_LOCK = threading.Lock()
 
 
 class BatchCollector:
@@ -152,11 +135,11 @@ class BatchCollector:
         if row["status"] == COLLECTING:
             if sub in self.in_hand:  # collected: its answers wait here for the next pass
                 return {**row, "status": COLLECTED}
-            if (not self._collecting or sub in _IN_HAND or sub in _COLLECTING_HERE
+            if (not self._collecting or sub in _HERE
                     or (row["owner"] != owner_id()  # else a call of this process gave it up
                         and owner_alive(row["owner"], row["updated_at"]))):
                 return row
-            with _taken(sub) as mine:
+            with self._taken(sub) as mine:
                 if not mine or not self.book.claim(sub, COLLECTING, COLLECTING):
                     return row
                 status = protocol.poll(row["batch_id"])  # its collector died: collect again
@@ -174,7 +157,7 @@ class BatchCollector:
                                        request_counts=counts)
             return {**row, "status": status.status, "request_counts": counts}
         ended_at = time.time()
-        with _taken(sub) as mine:
+        with self._taken(sub) as mine:
             if not mine or not self.book.claim(
                     sub, row["status"], COLLECTING, request_counts=counts,
                     output_file_id=status.output_file_id, error_file_id=status.error_file_id,
@@ -183,13 +166,21 @@ class BatchCollector:
             return self._collect({**row, "request_counts": counts, "ended_at": ended_at},
                                  status)
 
-    def _collect(self, row: dict[str, Any], status: BatchStatus) -> dict[str, Any]:
-        result = self._collect_claimed(row, status)
-        if row["submission_id"] in self.in_hand:
-            _IN_HAND.add(row["submission_id"])  # past the collect: until it is delivered
-        return result
+    @contextlib.contextmanager
+    def _taken(self, submission_id: str) -> Iterator[bool]:
+        """Whether no other collector of this process has the batch; it is this one's while
+        the block runs (from before its claim in the book, so two of one process never both
+        collect a batch that a call of theirs gave up), and after it while in hand."""
+        with _HERE_LOCK:
+            mine = submission_id not in _HERE
+            _HERE.add(submission_id)
+        try:
+            yield mine
+        finally:
+            if mine and submission_id not in self.in_hand:
+                _let_go(submission_id)
 
-    def _collect_claimed(self, row: dict[str, Any], status: BatchStatus) -> dict[str, Any]:
+    def _collect(self, row: dict[str, Any], status: BatchStatus) -> dict[str, Any]:
         sub, protocol = row["submission_id"], self.protocols[row["endpoint"]]
         read, endpoint = _READERS.get(row["route"]), row["endpoint"]
         if read is None:
@@ -213,9 +204,7 @@ class BatchCollector:
                 if hold:
                     held.extend(zip(*result, strict=True))
                 if not in_hand:
-                    outcomes.extend(
-                        (LINE_OK, content, prompt, completion, reason, None, None, False, key)
-                        for key, content, prompt, completion, reason in zip(*result, strict=True))
+                    outcomes.extend(starmap(_ok_line, zip(*result, strict=True)))
             elif _read_line(result, read, endpoint, outcomes, held if hold else None,
                             in_hand):
                 ok += 1
@@ -256,15 +245,11 @@ class BatchCollector:
             return
         refused = self.book.failed_records(*self._hold_for) if self._hold_for else set()
         for sub, (_row, _status, keys) in list(self.in_hand.items()):
-            answers = self.answers
             write = [key for key in keys if key not in taken or key in refused]
             self.book.settle_lines(sub, self._outcomes(write))
             self.book.settle_delivered(sub)
             self.book.update_batch(sub, status=COLLECTED)
-            for key in keys:
-                answers.pop(key, None)
-            del self.in_hand[sub]
-            _IN_HAND.discard(sub)
+            self._forget(sub, keys)
 
     def release_in_hand(self) -> None:
         """After a pass that did not end (a stop, an error): the answers in hand are written
@@ -286,10 +271,14 @@ class BatchCollector:
                     self.log.warning(f"batchllm: batch {sub} stays marked as collecting until "
                                      "this process ends")
             finally:
-                for key in keys:
-                    self.answers.pop(key, None)
-                del self.in_hand[sub]
-                _IN_HAND.discard(sub)
+                self._forget(sub, keys)
+
+    def _forget(self, submission_id: str, keys: list[str]) -> None:
+        """A batch no longer in hand: its answers dropped, free for any collector."""
+        for key in keys:
+            self.answers.pop(key, None)
+        del self.in_hand[submission_id]
+        _let_go(submission_id)
 
     def _outcomes(self, keys: list[str]) -> list[tuple]:
         """Held answers as the book's line outcomes."""
@@ -298,8 +287,7 @@ class BatchCollector:
             held = self.answers.get(key)
             if held is not None:
                 _batch, _attempt, content, prompt, completion, reason = held
-                outcomes.append((LINE_OK, content, prompt, completion, reason, None, None,
-                                 False, key))
+                outcomes.append(_ok_line(key, content, prompt, completion, reason))
         return outcomes
 
     def _hold(self, row: dict[str, Any], held: list[tuple],
@@ -313,6 +301,17 @@ class BatchCollector:
             place = places.get(key)
             if place is not None:  # (else a line this batch does not have: the book's none)
                 answers[key] = (batch, place[1], content, prompt, completion, reason)
+
+
+def _let_go(submission_id: str) -> None:
+    with _HERE_LOCK:
+        _HERE.discard(submission_id)
+
+
+def _ok_line(key: str, content: str, prompt: int, completion: int, reason: str | None
+             ) -> tuple:
+    """An answered line's outcome, as BatchBook.settle_lines takes it."""
+    return LINE_OK, content, prompt, completion, reason, None, None, False, key
 
 
 def _read_line(result: LineResult, read: Any, endpoint: str, outcomes: list[tuple],
@@ -331,7 +330,7 @@ def _read_line(result: LineResult, read: Any, endpoint: str, outcomes: list[tupl
             if held is not None:
                 held.append(found)
             if not in_hand:
-                outcomes.append((LINE_OK, *found[1:], None, None, False, found[0]))
+                outcomes.append(_ok_line(*found))
             return True
     if not result.expired:
         outcomes.append((LINE_FAILED, None, 0, 0, None, error.message, error.error_type.value,

@@ -123,14 +123,10 @@ def _usage(prompt: Any, completion: Any, usable: Any) -> tuple[list[int], list[i
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if pa.types.is_null(prompt.type):  # no line reports usage
-        zeros = [0] * pc.sum(pc.cast(usable, pa.int64())).as_py() if len(usable) else []
-        return zeros, list(zeros)
-    reported = pc.is_valid(prompt)
-    given = (pc.fill_null(completion, 0) if not pa.types.is_null(completion.type)
-             else pa.array([0] * len(prompt), pa.int64()))
+    prompt, completion = (pc.cast(c, pa.int64()) for c in (prompt, completion))  # (all-null)
     return (pc.filter(pc.fill_null(prompt, 0), usable).to_pylist(),
-            pc.filter(pc.if_else(reported, given, 0), usable).to_pylist())
+            pc.filter(pc.if_else(pc.is_valid(prompt), pc.fill_null(completion, 0), 0),
+                      usable).to_pylist())
 
 
 def _parse_options() -> Any:
