@@ -28,7 +28,7 @@ from typing import Any
 
 from .call import InferenceCall
 from .delivery import Attempts, Delivery, OnlineDelivery
-from .errors import DeferredError, InternalError, RowError
+from .errors import DeferredError, ErrorType, InternalError, RowError
 from .gc_pacing import fewer_collections
 from .journal import AnswerJournal, fold_abandoned, journal_dir_for
 from .ledger import DEFERRED, FAILED, OK, Ledger
@@ -49,7 +49,11 @@ _MAX_WORKERS = 8192
 _STOP_FLUSH_S = 3.0
 # The one vocabulary of row outcomes is RowStatus; the ledger's record statuses follow from it.
 _LEDGER_STATUS = {RowStatus.OK: OK, RowStatus.FAILED: FAILED, RowStatus.DEFERRED: DEFERRED}
-_OK, _CACHED, _FAILED = RowStatus.OK, RowStatus.CACHED, RowStatus.FAILED  # the hot path's
+# The hot path's: a member of an enum class, and its ``.value``, cost a lookup through the
+# enum's machinery each time (a batch pass settles 100,000s of rows a second).
+_OK, _CACHED, _FAILED, _DEFERRED = (RowStatus.OK, RowStatus.CACHED, RowStatus.FAILED,
+                                    RowStatus.DEFERRED)
+_ERROR_TYPE_VALUES = {error_type: error_type.value for error_type in ErrorType}
 
 log = logging.getLogger("dagster_batchllm")
 
@@ -208,6 +212,8 @@ class InferenceRun:
                          self.task.max_chunk_rows or self.settings.chunk_rows)
         coordination = self._coordination
         per_send = self._per_send
+        keys, refusal = self.keys, self.delivery.refusal
+        inflight, settled_not_ok = self._inflight, self._settled_not_ok
         for start in range(0, len(self.inputs), chunk_rows):
             rows = row_tuples(self.inputs.iloc[start:start + chunk_rows])
             fresh: dict[str, KeyState] = {}
@@ -217,14 +223,15 @@ class InferenceRun:
                     self._finish_rows([row], _FAILED, error=item.as_cell(),
                                       error_type=item.error_type.value)
                     continue
-                if self.keys is not None:
-                    self.keys.add(item.key)
-                problem = self.delivery.refusal(item)
+                key = item.key
+                if keys is not None:
+                    keys.add(key)
+                problem = refusal(item)
                 if problem is not None:
                     self._finish_rows([row], _FAILED, error=problem.as_cell(),
                                       error_type=problem.error_type.value)
                     continue
-                state = self._inflight.get(item.key) or fresh.get(item.key)
+                state = inflight.get(key) or fresh.get(key)
                 if state is not None:
                     self.stats.deduplicated += 1
                     if state.outcome is None:
@@ -234,12 +241,12 @@ class InferenceRun:
                         self._finish_rows([row], row_status, value=value, error=error,
                                           error_type=error_type)
                     continue
-                settled = self._settled_not_ok.get(item.key)
+                settled = settled_not_ok.get(key)
                 if settled is not None:
                     self.stats.deduplicated += 1
                     self._finish_rows([row], settled[0], error=settled[1], error_type=settled[2])
                     continue
-                fresh[item.key] = KeyState(item, row)
+                fresh[key] = KeyState(item, row)
             if fresh:
                 await self._answer_from_ledger(fresh)
             if fresh and coordination is not None:
@@ -318,7 +325,7 @@ class InferenceRun:
         try:
             completion = await self.delivery.send(request, attempts)
         except RowError as exc:
-            self._settle_error(state, exc, attempts=attempts.count, endpoint=attempts.endpoint)
+            self._settle_error(state, exc, attempts.count, attempts.endpoint)
             return
         finally:
             self.stats.requests += attempts.sent
@@ -355,17 +362,22 @@ class InferenceRun:
             try:
                 results = await self.delivery.send_many([s.request for s in batch], attempts)
             finally:
-                for state, tried in zip(batch, attempts, strict=True):
-                    stats.requests += tried.sent
-                    stats.retries += max(0, tried.count - 1)
-                    if budget is not None:
+                sent = retried = 0
+                for tried in attempts:
+                    sent += tried.sent
+                    if tried.count > 1:
+                        retried += tried.count - 1
+                stats.requests += sent
+                stats.retries += retried
+                if budget is not None:
+                    for state, tried in zip(batch, attempts, strict=True):
                         budget.settle(state.request.reserve_tokens, tried.spent)
+            settle_error, conclude = self._settle_error, self._conclude
             for state, result, tried in zip(batch, results, attempts, strict=True):
                 if isinstance(result, RowError):
-                    self._settle_error(state, result, attempts=tried.count,
-                                       endpoint=tried.endpoint)
+                    settle_error(state, result, tried.count, tried.endpoint)
                 else:
-                    self._conclude(state, result, tried)
+                    conclude(state, result, tried)
 
     def _over_budget(self, reserve: int) -> DeferredError:
         budget = self.budget
@@ -377,44 +389,80 @@ class InferenceRun:
         """Settle ``state`` from the reply its request got."""
         request = state.request
         self._latencies.append(completion.latency_s)
-        self._add_tokens(request.model, completion.prompt_tokens, completion.completion_tokens)
+        prompt, completed = completion.prompt_tokens, completion.completion_tokens
+        stats = self.stats
+        stats.prompt_tokens += prompt
+        stats.completion_tokens += completed
+        per_model = stats.tokens_by_model.get(request.model)
+        if per_model is None:
+            per_model = stats.tokens_by_model[request.model] = {"prompt_tokens": 0,
+                                                                "completion_tokens": 0}
+        per_model["prompt_tokens"] += prompt
+        per_model["completion_tokens"] += completed
         try:
             value = self.task.reply_value(completion, request)
         except RowError as exc:
-            self._settle_error(state, exc, response=completion.content, attempts=attempts.count,
-                               endpoint=attempts.endpoint, completion=completion)
+            self._settle_error(state, exc, attempts.count, attempts.endpoint,
+                               completion.content, completion)
             return
-        self._settle(state, _OK, value=value, response=completion.content,
-                     attempts=attempts.count, endpoint=attempts.endpoint, completion=completion)
+        # What _settle does for an answer, written out: this runs once per answered row.
+        state.outcome = (_OK, value, None, None)
+        rows = state.rows
+        if len(rows) == 1:
+            row = rows[0]
+            self.row_status[row] = _OK
+            self.outputs[row] = value
+            self.errors[row] = None
+            self._done_rows += 1
+        else:
+            self._finish_rows(rows, _OK, value=value)
+        self._record(request, OK, completion.content, None, None, attempts.count,
+                     attempts.endpoint, completion)
 
     # -- outcomes ----------------------------------------------------------------------------
-    def _settle_error(self, state: KeyState, error: RowError, **record: Any) -> None:
+    def _settle_error(self, state: KeyState, error: RowError, attempts: int = 0,
+                      endpoint: str | None = None, response: str | None = None,
+                      completion: Any = None) -> None:
+        error_type = _ERROR_TYPE_VALUES[error.error_type]
         if isinstance(error, DeferredError):
             # A deferral the delivery keeps durably (its line in the batch book) needs no
             # ledger record, unless the record would also end the key's claim.
-            self._settle(state, RowStatus.DEFERRED, error=error.as_cell(),
-                         error_type=error.error_type.value,
-                         write=not error.kept_by_delivery or self._coordination is not None,
-                         **record)
+            if error.kept_by_delivery and self._coordination is None:
+                self._defer_kept(state, error.as_cell(), error_type)
+            else:
+                self._settle(state, _DEFERRED, None, error.as_cell(), error_type, response,
+                             attempts, endpoint, completion)
             return
-        self._settle(state, RowStatus.FAILED, error=error.as_cell(),
-                     error_type=error.error_type.value, **record)
+        self._settle(state, _FAILED, None, error.as_cell(), error_type, response, attempts,
+                     endpoint, completion)
 
-    def _settle(self, state: KeyState, row_status: RowStatus, *, value: Any = None,
+    def _settle(self, state: KeyState, row_status: RowStatus, value: Any = None,
                 error: str | None = None, error_type: str | None = None,
                 response: str | None = None, attempts: int = 0, endpoint: str | None = None,
-                completion: Any = None, write: bool = True) -> None:
+                completion: Any = None) -> None:
         state.outcome = (row_status, value, error, error_type)
         self._finish_rows(state.rows, row_status, value=value, error=error,
                           error_type=error_type)
         if row_status != _OK:
             self._settled_not_ok[state.request.key] = (row_status, error, error_type)
-        if not write:  # nothing to wait for: a later row of the key finds it settled above
-            self._inflight.pop(state.request.key, None)
-            return
-        self._record(state.request, _LEDGER_STATUS[row_status], response=response, error=error,
-                     error_type=error_type, attempts=attempts, endpoint=endpoint,
-                     completion=completion)
+        self._record(state.request, _LEDGER_STATUS[row_status], response, error, error_type,
+                     attempts, endpoint, completion)
+
+    def _defer_kept(self, state: KeyState, cell: str, error_type: str) -> None:
+        """``_settle`` of a deferral with no record to write, written out: a batch pass
+        defers each row it puts in a file this way."""
+        state.outcome = (_DEFERRED, None, cell, error_type)
+        row_status, errors, error_types = self.row_status, self.errors, self.error_types
+        rows = state.rows
+        for row in rows:
+            row_status[row] = _DEFERRED
+            errors[row] = cell
+            error_types[row] = error_type
+        self._done_rows += len(rows)
+        key = state.request.key
+        self._settled_not_ok[key] = (_DEFERRED, cell, error_type)
+        # Nothing to wait for: a later row of the key finds it settled above.
+        self._inflight.pop(key, None)
 
     def _finish_rows(self, rows: list[int], row_status: int, *, value: Any = None,
                      error: str | None = None, error_type: str | None = None) -> None:
@@ -430,7 +478,7 @@ class InferenceRun:
             by_type = self.stats.errors_by_type
             by_type[error_type or "unknown"] = by_type.get(error_type or "unknown", 0) + len(rows)
 
-    def _record(self, request: RowRequest, status: str, *, response: str | None = None,
+    def _record(self, request: RowRequest, status: str, response: str | None = None,
                 error: str | None = None, error_type: str | None = None, attempts: int = 0,
                 endpoint: str | None = None, completion: Any = None) -> None:
         if completion is None:
@@ -439,7 +487,8 @@ class InferenceRun:
         else:
             prompt_tokens = completion.prompt_tokens
             completion_tokens = completion.completion_tokens
-            latency_ms = round(completion.latency_s * 1000, 3)
+            # To the microsecond (round(x, 3) costs several times this, once per record).
+            latency_ms = round(completion.latency_s * 1_000_000) / 1000
         key = request.key
         self._writer.add({
             "request_key": key,
@@ -457,17 +506,6 @@ class InferenceRun:
             "latency_ms": latency_ms,
             "run_id": self.run_id,
         }, key)
-
-    def _add_tokens(self, model: str, prompt: int, completion: int) -> None:
-        stats = self.stats
-        stats.prompt_tokens += prompt
-        stats.completion_tokens += completion
-        per_model = stats.tokens_by_model.get(model)
-        if per_model is None:
-            per_model = stats.tokens_by_model[model] = {"prompt_tokens": 0,
-                                                        "completion_tokens": 0}
-        per_model["prompt_tokens"] += prompt
-        per_model["completion_tokens"] += completion
 
     # -- ledger writes -----------------------------------------------------------------------
     def _written_to_ledger(self, keys: list[str]) -> None:

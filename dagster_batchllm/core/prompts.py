@@ -151,11 +151,10 @@ def _request(body: bytes, model: str, texts: Sequence[str], max_tokens: int) -> 
         content_bytes += len(text) if text.isascii() else len(text.encode("utf-8"))
     n = len(texts)
     upper = content_bytes + _TEMPLATE_TOKENS_PER_MESSAGE * n + _TEMPLATE_TOKENS_PER_REQUEST
-    return RowRequest(
-        key=hashlib.sha256(body).hexdigest(), model=model, body=body,
-        reserve_tokens=upper + max_tokens,
-        typical_prompt_tokens=math.ceil(chars / _TYPICAL_CHARS_PER_TOKEN) + 4 * n,
-        max_tokens=max_tokens)
+    # key, model, body, reserve_tokens, typical_prompt_tokens, max_tokens (positional: one per
+    # row, and keywords cost a fifth of it)
+    return RowRequest(hashlib.sha256(body).hexdigest(), model, body, upper + max_tokens,
+                      math.ceil(chars / _TYPICAL_CHARS_PER_TOKEN) + 4 * n, max_tokens)
 
 
 # A text no prompt holds, which the canonical encoder writes as it is (``\\u0000``-escaped).
@@ -246,12 +245,18 @@ def _with_images(model: str, messages: list[dict[str, Any]], row: tuple,
 
 def _render(template: str, fields: list[str], row: tuple, position: dict[str, int],
             as_text: bool) -> str:
-    values = {name: _cell_text(row[position[name]], name, as_text) for name in fields}
+    values = {}
+    for name in fields:
+        value = row[position[name]]
+        # A text that is not blank is the cell's text as it is (what _cell_text would say,
+        # without its call: this runs per field per row).
+        values[name] = (value if type(value) is str and value and not value.isspace()
+                        else _cell_text(value, name, as_text))
     try:
         text = template.format_map(values)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
         raise InvalidInputError(f"the template cannot be rendered for this row ({exc})") from None
-    if not text.strip():
+    if not text or text.isspace():
         raise InvalidInputError("the rendered prompt is empty")
     return text
 

@@ -85,3 +85,34 @@ def test_records_written_in_key_order_keep_their_order_within_a_key(tmp_path):
         assert len(rows) == 5
     finally:
         ledger.dispose()
+
+
+def test_a_write_whose_records_share_their_partition_writes_what_the_others_write(tmp_path):
+    """A write of records that share scope, partition, model, status and attempt (a batch
+    pass's) names those once in its SQL: the same records, quotes in names included, and the
+    same rule that an ok record is never overwritten."""
+    shared, one_by_one = (Ledger(f"sqlite:///{tmp_path / name}") for name in ("a.db", "b.db"))
+    try:
+        fields = {"scope": "it's \"quoted\"", "partition_key": "2026-12-01; DROP TABLE x",
+                  "run_id": None, "latency_ms": 1.25}
+        ok = [record(f"k{i:03d}", "ok", f"answer {i}", **fields) for i in range(100)]
+        worse = [record(f"k{i:03d}", "failed", error="timeout: no", error_type="timeout",
+                        **fields) for i in range(50, 150)]
+        assert shared._shared_rows(ok, 0.0) is not None  # the statement this is about
+        shared.upsert(ok)
+        shared.upsert(worse)
+        for row in ok + worse:  # one record per write: never the shared statement
+            one_by_one.upsert([row])
+        columns = ["request_key", "scope", "partition_key", "model", "status", "response",
+                   "error", "error_type", "prompt_tokens", "completion_tokens", "attempts",
+                   "endpoint", "latency_ms", "run_id"]
+        a, b = (ledger.records()[columns].sort_values("request_key").reset_index(drop=True)
+                for ledger in (shared, one_by_one))
+        assert len(a) == 150 and a.equals(b)
+        assert (a["status"][:100] == "ok").all() and (a["status"][100:] == "failed").all()
+        assert a["scope"].unique().tolist() == [fields["scope"]]
+        assert len(shared.lookup_ok([f"k{i:03d}" for i in range(150)], fields["partition_key"],
+                                    fields["scope"])) == 100
+    finally:
+        shared.dispose()
+        one_by_one.dispose()
