@@ -78,6 +78,9 @@ class BatchDelivery(SendsParcels):
         #: there rather than read back from the book, and the keys taken (the collector
         #: writes the answers of the others to the book after the pass).
         self.answered = answered if answered is not None else {}
+        #: The engine asks the ledger about none of those keys (see Delivery): a line of the
+        #: call's partition answered in a batch that this call collected has no record yet.
+        self.held_answers = self.answered
         self.taken: set[str] = set()
         #: The collector's batches in hand (BatchCollector.in_hand): "collecting" in the
         #: book, collected for this pass.
@@ -189,10 +192,13 @@ class BatchDelivery(SendsParcels):
         notes: list[Note] = []
         placed: list[int] = []  # the positions of the requests in ``notes``
         budget, max_attempts = self.budget, self.settings.max_attempts
+        model = endpoint = line_of = None  # the last request's (a parcel is mostly one model's)
         for i, line in zip(positions, lines, strict=True):
             request, tried = requests[i], attempts[i]
-            endpoint = self.endpoint_for(request.model)
-            assert endpoint is not None  # refused before otherwise
+            if request.model != model:
+                model, endpoint = request.model, self.endpoint_for(request.model)
+                assert endpoint is not None  # refused before otherwise
+                line_of = self.protocols[endpoint.name].line
             tried.endpoint = endpoint.name
             attempt = 1
             if type(line) is tuple:  # an answer the collector holds (BatchCollector.answers)
@@ -250,8 +256,10 @@ class BatchDelivery(SendsParcels):
                         "will submit it")
                     continue
                 budget.settle(request.reserve_tokens, request.reserve_tokens)  # for good
-            data = self.protocols[endpoint.name].line(request.key, self.route, request.body)
-            spool = self._spool_for(len(data), request.model, endpoint)
+            data = line_of(request.key, self.route, request.body)
+            spool = self._spools.get(model)
+            if spool is None or spool.bytes + len(data) > endpoint.max_bytes_per_batch:
+                spool = self._spool_for(len(data), model, endpoint)
             spool.lines += 1  # its place in the file, kept until the book says it is ours
             spool.bytes += len(data)
             notes.append((spool, request.key, attempt, data, assumed_new))

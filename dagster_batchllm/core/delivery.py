@@ -44,7 +44,9 @@ class Attempts:
 
 class Delivery(Protocol):
     # Optional: ``keeps_answers = True`` on a delivery whose answers are durable before the
-    # engine sees them (the batch API's book), so the run keeps no journal of its own.
+    # engine sees them (the batch API's book), so the run keeps no journal of its own; and
+    # ``held_answers``, the keys (a container) whose paid answers the delivery holds already
+    # (a batch just collected): the run sends those to it without asking the ledger first.
 
     def capacity(self) -> int:
         """Requests it can usefully have outstanding at once (sizes the run's workers)."""

@@ -273,7 +273,15 @@ class InferenceRun:
     async def _answer_from_ledger(self, states: dict[str, KeyState]) -> None:
         """Answer the requests the ledger holds ok answers for, and remove them from
         ``states``."""
-        hits = await asyncio.to_thread(self.ledger.lookup_ok, list(states), self.partition_key,
+        keys = list(states)
+        held = getattr(self.delivery, "held_answers", None)
+        if held:
+            # Paid for and in hand: the delivery answers them with that answer (what the
+            # ledger may hold for them is another partition's answer to the same request).
+            keys = [key for key in keys if key not in held]
+            if not keys:
+                return
+        hits = await asyncio.to_thread(self.ledger.lookup_ok, keys, self.partition_key,
                                        self.scope)
         for key, hit in hits.items():
             state = states[key]
