@@ -12,7 +12,7 @@ from .checks import inference_check_specs
 from .core.batch_mode import check_mode
 from .core.call import InferenceCall
 from .core.errors import InferenceConfigError
-from .core.ledger import validate_identifier
+from .core.stores import validate_identifier
 from .metadata import (
     answer_figures,
     batch_figures,

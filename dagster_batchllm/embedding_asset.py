@@ -17,7 +17,7 @@ from .asset_factory import _answers_of, _asset_attributes, _asset_key, _check_de
 from .checks import inference_check_specs
 from .core.embed_call import EmbedCall
 from .core.errors import InferenceConfigError
-from .core.ledger import validate_identifier
+from .core.stores import validate_identifier
 from .metadata import answer_figures, column_schema, run_figures, summary_line, table_figures
 from .partition_outputs import call_per_partition, partition_events
 

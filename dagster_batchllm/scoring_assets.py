@@ -26,10 +26,10 @@ import dagster as dg
 from .asset_factory import _asset_attributes, _asset_key
 from .checks import inference_check_specs
 from .core.errors import InferenceConfigError
-from .core.ledger import validate_identifier
 from .core.mlflow_models import ResolvedModel, resolve_models
 from .core.predict import PredictCall
 from .core.settings import InferenceSettings, MlflowModelSpec
+from .core.stores import validate_identifier
 from .metadata import column_schema, table_figures
 from .partition_outputs import call_per_partition, partition_events
 

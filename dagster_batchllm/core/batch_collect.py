@@ -41,12 +41,10 @@ from .batch_book import (
     SUBMIT_FAILED,
     SUBMITTING,
     BatchBook,
-    counts_text,
-    owner_alive,
-    owner_id,
 )
 from .batch_lines import AnswerBlock
 from .batch_protocol import BatchProtocol, BatchStatus, LineResult
+from .batch_tables import counts_text, owner_alive, owner_id
 from .errors import ErrorType, InferenceConfigError, RowError
 from .transport import CHAT_ROUTE, completion_from_payload
 

@@ -36,9 +36,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .batch_book import COLLECTED, LINE_OK, SUBMIT_FAILED, BatchBook, owner_id
+from .batch_book import COLLECTED, LINE_OK, SUBMIT_FAILED, BatchBook
 from .batch_protocol import BatchProtocol
 from .batch_spool import NOT_YET_SUBMITTED, Gatherer, Spool, waiting_for
+from .batch_tables import owner_id
 from .delivery import SendsParcels
 from .errors import DeferredError, ErrorType, RowError, UnsupportedModelError
 from .limits import TokenBudget

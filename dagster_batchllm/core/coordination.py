@@ -41,7 +41,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .ledger import KeyList
+from .key_lists import KeyList
 
 _HOST = socket.gethostname()[:32]
 _BATCH = 500

@@ -24,8 +24,8 @@ from typing import Any
 
 from .call import check_template, template_fields
 from .errors import InferenceConfigError
-from .ledger import validate_identifier
 from .settings import described
+from .stores import validate_identifier
 
 # OpenAI takes up to 2048 inputs per request; vLLM and TEI batch whatever they are sent.
 MAX_INPUTS_PER_REQUEST = 2048

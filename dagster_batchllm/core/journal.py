@@ -28,7 +28,8 @@ try:
 except ImportError:  # Windows: no journal (the ledger's batches are all there is)
     fcntl = None  # type: ignore[assignment]
 
-from .ledger import Ledger, redact_url
+from .ledger import Ledger
+from .stores import redact_url
 
 _SUFFIX = ".jsonl"
 _FOLD_BATCH = 500

@@ -6,162 +6,35 @@ so a crash loses at most the requests in flight and one unwritten batch. Records
 partitions stay separate, so a retry partition knows exactly which of its rows still need work;
 ``scope`` (the asset key, in Dagster) keeps two assets that share a ledger and a partition apart.
 
-SQLite gets WAL mode, a busy timeout and ``BEGIN IMMEDIATE`` writes so several processes can share
-one file; PostgreSQL gets native upserts.
+The store is opened as :mod:`.stores` says (SQLite files that several processes share);
+PostgreSQL gets native upserts, SQLite upserts sent to the driver as plain tuples.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import math
 import operator
-import random
-import re
-import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import event
 
-from .db_timeouts import DEFAULT_ROUND_TRIP_TIMEOUT_S, bound_round_trips, libpq_connect_args
+from .db_timeouts import DEFAULT_ROUND_TRIP_TIMEOUT_S
 from .errors import InferenceConfigError
+from .key_lists import KeyList, in_key_order
 from .settings import DEFAULT_LEDGER_TABLE
+from .stores import make_engine, normalize_store_url, validate_identifier
 
 OK, FAILED, DEFERRED, SUPERSEDED = "ok", "failed", "deferred", "superseded"
 STATUSES = (OK, FAILED, DEFERRED, SUPERSEDED)
 
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _LOOKUP_BATCH = 500  # keys per statement where each key is a bind parameter
-_KEYS_PER_STATEMENT = 4096  # where the keys go as one parameter (SQLite JSON, PG array)
 _LOOKUP_COLUMNS = ("request_key", "scope", "partition_key", "response", "prompt_tokens",
                    "completion_tokens")
 # Names derived from the ledger table's ("ix_<table>_status_partition", "<table>_claims") must
 # fit PostgreSQL's 63-character identifiers too.
 _MAX_LEDGER_TABLE = 63 - len("ix__status_partition")
-
-
-def validate_identifier(name: str, what: str = "identifier") -> str:
-    """Refuse anything but a plain SQL identifier (optionally ``schema.name``)."""
-    parts = name.split(".") if isinstance(name, str) else [None]
-    if len(parts) > 2 or not all(isinstance(p, str) and _IDENTIFIER.fullmatch(p) for p in parts):
-        raise InferenceConfigError(
-            f"{what} {name!r} is not a plain SQL identifier: use letters, digits and underscores "
-            "(optionally schema.name), starting with a letter or underscore."
-        )
-    return name
-
-
-def normalize_store_url(url: str) -> str:
-    """``postgresql://`` means psycopg2 to SQLAlchemy; use psycopg 3 when only it is installed."""
-    if (url.startswith(("postgresql://", "postgres://"))
-            and importlib.util.find_spec("psycopg2") is None
-            and importlib.util.find_spec("psycopg")):
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
-    return url
-
-
-def redact_url(url: str) -> str:
-    try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
-    except Exception:  # an unparseable URL is reported by create_engine; never echo it whole
-        return "<unparseable store_url>"
-
-
-class _SerialStaticPool(sa.pool.StaticPool):
-    """The one connection of an in-memory database, lent to one thread at a time.
-
-    A run looks answers up on one thread while it writes records on another; two transactions
-    on one sqlite3 connection fail ("cannot start a transaction within a transaction").
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._serial = threading.RLock()
-
-    def _do_get(self):
-        self._serial.acquire()
-        try:
-            return super()._do_get()
-        except BaseException:
-            self._serial.release()
-            raise
-
-    def _do_return_conn(self, record) -> None:
-        super()._do_return_conn(record)
-        try:
-            self._serial.release()
-        except RuntimeError:  # returned by the garbage collector, on another thread
-            pass
-
-
-def make_engine(url: str, *,
-                round_trip_timeout_s: float = DEFAULT_ROUND_TRIP_TIMEOUT_S) -> sa.Engine:
-    """A SQLAlchemy engine that several processes can share, SQLite files included; a
-    database server's round trips get ``round_trip_timeout_s`` (see :mod:`.db_timeouts`)."""
-    try:
-        parsed = sa.engine.make_url(url)
-    except sa.exc.ArgumentError as exc:
-        raise InferenceConfigError(f"store_url is not a SQLAlchemy URL: {exc}") from None
-    if parsed.get_backend_name() != "sqlite":
-        engine = sa.create_engine(url, pool_pre_ping=True, future=True,
-                                  connect_args=libpq_connect_args(parsed))
-        bound_round_trips(engine, round_trip_timeout_s)
-        return engine
-    in_memory = parsed.database in (None, "", ":memory:")
-    kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 60}}
-    if in_memory:
-        kwargs["poolclass"] = _SerialStaticPool
-    engine = sa.create_engine(url, **kwargs)
-
-    @event.listens_for(engine, "connect")
-    def _configure(dbapi_connection, _record):
-        # Let SQLAlchemy's "begin" event open transactions, so writers can BEGIN IMMEDIATE:
-        # a deferred transaction that upgrades to a write lock fails at once under contention
-        # instead of waiting for the busy timeout.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA busy_timeout=60000")
-        if not in_memory:
-            # A new file only (a no-op once it holds a table): a record with a 384-dimension
-            # vector is ~2.3 kB, so 4 kB pages hold one each; 8 kB pages hold three, and a
-            # run's writes cost about a quarter less.
-            cursor.execute("PRAGMA page_size=8192")
-            _use_wal(cursor)
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            # Checkpoint the WAL every 64 MB of it rather than 8: a page that many commits of a
-            # run change (the B-trees' upper levels) is copied into the file once per
-            # checkpoint, so a batch pass spends about 2% less CPU, for a larger -wal file.
-            cursor.execute("PRAGMA wal_autocheckpoint=8000")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _begin(connection):
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
-
-    return engine
-
-
-def _use_wal(cursor: Any, wait_s: float = 60.0) -> None:
-    """Put the SQLite file in WAL mode (persistent, so once per file in practice).
-
-    Switching needs the file to itself and answers "database is locked" at once instead of
-    waiting on the busy timeout, so processes that open a new ledger together (Spark workers)
-    retry it for a while; a file already in WAL mode needs no switch.
-    """
-    give_up = time.monotonic() + wait_s
-    while True:
-        try:
-            if str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
-                cursor.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > give_up:
-                raise
-            time.sleep(random.uniform(0.02, 0.1))
 
 
 def _ledger_table(name: str) -> sa.Table:
@@ -193,18 +66,6 @@ def _ledger_table(name: str) -> sa.Table:
     )
 
 
-def _sqlite_has_json() -> bool:
-    """Whether this SQLite has the JSON functions (built in since 3.38; most builds before)."""
-    try:
-        sqlite3.connect(":memory:").execute("SELECT value FROM json_each('[1]')").close()
-    except sqlite3.OperationalError:
-        return False
-    return True
-
-
-_SQLITE_JSON = _sqlite_has_json()
-
-
 #: Record fields that all the records of one write usually share (see Ledger._shared_rows).
 _SHARED = ("scope", "partition_key", "model", "status", "error", "error_type", "attempts",
            "endpoint", "run_id")
@@ -226,45 +87,7 @@ def _sqlite_literal(value: Any) -> str | None:
     return None
 
 
-_FIRST = operator.itemgetter(0)
 _REQUEST_KEY = operator.itemgetter("request_key")
-
-
-def in_key_order(rows: list, key: Callable[[Any], str] = _FIRST) -> list:
-    """``rows`` sorted by request key, for a write of thousands of them in one transaction.
-
-    Keys are hashes, so in arrival order each insert lands on a random page of the key's
-    B-tree, and the commit writes every page touched; in key order neighbours share pages
-    (about a third less CPU per row on SQLite at 8,192 rows). The sort is stable: two
-    records of one key keep their order, so the later one still wins."""
-    rows.sort(key=key)
-    return rows
-
-
-class KeyList:
-    """SQL that takes a list of request keys as ONE parameter: a JSON array read by
-    ``json_each`` on SQLite, an array on PostgreSQL. So thousands of keys make one short
-    statement with nothing per key to bind or compile (SQLAlchemy's ``in_`` renders a bind
-    parameter per key at each execution, which cost more than the database's own work).
-    ``KeyList.of(dialect)`` is None on other databases: use ``in_`` there."""
-
-    def __init__(self, placeholder: str, keys_in: str, encode: Any):
-        self.placeholder = placeholder  # the driver's mark for any other parameter
-        self.keys_in = keys_in  # "IN <the keys>", after a column
-        self.encode = encode  # the keys -> the parameter's value
-
-    @staticmethod
-    def of(dialect_name: str) -> KeyList | None:
-        if dialect_name == "sqlite" and _SQLITE_JSON:
-            return KeyList("?", "IN (SELECT value FROM json_each(?))", json.dumps)
-        if dialect_name == "postgresql":
-            return KeyList("%s", "= ANY(%s)", list)
-        return None
-
-    @staticmethod
-    def batches(keys: Sequence[str]) -> Iterable[Sequence[str]]:
-        for start in range(0, len(keys), _KEYS_PER_STATEMENT):
-            yield keys[start:start + _KEYS_PER_STATEMENT]
 
 
 class Ledger:

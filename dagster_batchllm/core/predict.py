@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import InferenceConfigError, InvalidInputError, MalformedResponseError, RowError
 from .grouping import GroupingDelivery
-from .ledger import validate_identifier
 from .mlflow_models import SERVED, ResolvedModel
 from .prompts import RowRequest
 from .results import InferenceResult
 from .scoring import ScoringRouter, plain_value
+from .stores import validate_identifier
 from .transport import Completion, json_reply
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from batch_helpers import MODEL, PROMPT, batch_settings, batch_stats, book_of, frame
 
-from dagster_batchllm.core.batch_book import owner_id
+from dagster_batchllm.core.batch_tables import owner_id
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.engine import InferenceRun
 from dagster_batchllm.simulator.responders import EchoResponder

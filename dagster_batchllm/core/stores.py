@@ -1,0 +1,147 @@
+"""Opening a store: SQLAlchemy URLs, the engines that several processes can share, and the
+SQL identifiers a user names (tables, schemas).
+
+SQLite gets WAL mode, a busy timeout and ``BEGIN IMMEDIATE`` writes so several processes can share
+one file; a database server's round trips get bounds (see :mod:`.db_timeouts`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import re
+import sqlite3
+import threading
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from .db_timeouts import DEFAULT_ROUND_TRIP_TIMEOUT_S, bound_round_trips, libpq_connect_args
+from .errors import InferenceConfigError
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+def validate_identifier(name: str, what: str = "identifier") -> str:
+    """Refuse anything but a plain SQL identifier (optionally ``schema.name``)."""
+    parts = name.split(".") if isinstance(name, str) else [None]
+    if len(parts) > 2 or not all(isinstance(p, str) and _IDENTIFIER.fullmatch(p) for p in parts):
+        raise InferenceConfigError(
+            f"{what} {name!r} is not a plain SQL identifier: use letters, digits and underscores "
+            "(optionally schema.name), starting with a letter or underscore."
+        )
+    return name
+
+
+def normalize_store_url(url: str) -> str:
+    """``postgresql://`` means psycopg2 to SQLAlchemy; use psycopg 3 when only it is installed."""
+    if (url.startswith(("postgresql://", "postgres://"))
+            and importlib.util.find_spec("psycopg2") is None
+            and importlib.util.find_spec("psycopg")):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def redact_url(url: str) -> str:
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # an unparseable URL is reported by create_engine; never echo it whole
+        return "<unparseable store_url>"
+
+
+class _SerialStaticPool(sa.pool.StaticPool):
+    """The one connection of an in-memory database, lent to one thread at a time.
+
+    A run looks answers up on one thread while it writes records on another; two transactions
+    on one sqlite3 connection fail ("cannot start a transaction within a transaction").
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._serial = threading.RLock()
+
+    def _do_get(self):
+        self._serial.acquire()
+        try:
+            return super()._do_get()
+        except BaseException:
+            self._serial.release()
+            raise
+
+    def _do_return_conn(self, record) -> None:
+        super()._do_return_conn(record)
+        try:
+            self._serial.release()
+        except RuntimeError:  # returned by the garbage collector, on another thread
+            pass
+
+
+def make_engine(url: str, *,
+                round_trip_timeout_s: float = DEFAULT_ROUND_TRIP_TIMEOUT_S) -> sa.Engine:
+    """A SQLAlchemy engine that several processes can share, SQLite files included; a
+    database server's round trips get ``round_trip_timeout_s`` (see :mod:`.db_timeouts`)."""
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise InferenceConfigError(f"store_url is not a SQLAlchemy URL: {exc}") from None
+    if parsed.get_backend_name() != "sqlite":
+        engine = sa.create_engine(url, pool_pre_ping=True, future=True,
+                                  connect_args=libpq_connect_args(parsed))
+        bound_round_trips(engine, round_trip_timeout_s)
+        return engine
+    in_memory = parsed.database in (None, "", ":memory:")
+    kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 60}}
+    if in_memory:
+        kwargs["poolclass"] = _SerialStaticPool
+    engine = sa.create_engine(url, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_connection, _record):
+        # Let SQLAlchemy's "begin" event open transactions, so writers can BEGIN IMMEDIATE:
+        # a deferred transaction that upgrades to a write lock fails at once under contention
+        # instead of waiting for the busy timeout.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA busy_timeout=60000")
+        if not in_memory:
+            # A new file only (a no-op once it holds a table): a record with a 384-dimension
+            # vector is ~2.3 kB, so 4 kB pages hold one each; 8 kB pages hold three, and a
+            # run's writes cost about a quarter less.
+            cursor.execute("PRAGMA page_size=8192")
+            _use_wal(cursor)
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            # Checkpoint the WAL every 64 MB of it rather than 8: a page that many commits of a
+            # run change (the B-trees' upper levels) is copied into the file once per
+            # checkpoint, so a batch pass spends about 2% less CPU, for a larger -wal file.
+            cursor.execute("PRAGMA wal_autocheckpoint=8000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection):
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def _use_wal(cursor: Any, wait_s: float = 60.0) -> None:
+    """Put the SQLite file in WAL mode (persistent, so once per file in practice).
+
+    Switching needs the file to itself and answers "database is locked" at once instead of
+    waiting on the busy timeout, so processes that open a new ledger together (Spark workers)
+    retry it for a while; a file already in WAL mode needs no switch.
+    """
+    give_up = time.monotonic() + wait_s
+    while True:
+        try:
+            if str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > give_up:
+                raise
+            time.sleep(random.uniform(0.02, 0.1))
+
+
+__all__ = ["make_engine", "normalize_store_url", "redact_url", "validate_identifier"]
