@@ -13,6 +13,8 @@ Each line's ``custom_id`` is its request key, so the results tie back to table r
 from __future__ import annotations
 
 import json
+import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,25 @@ from .transport import CHAT_ROUTE
 #: creating the batch and recording its id finds it again.
 SUBMISSION_METADATA = "batchllm_submission"
 _CHUNK_BYTES = 1 << 20  # read from the result file at once
+
+
+_TLS: list[Any] = []  # the process's TLS context for the clients, once made
+_TLS_LOCK = threading.Lock()
+
+
+def _http_client(openai: Any) -> Any:
+    """The client's own HTTP client, on one TLS context per process. A new client makes a
+    context, which loads the system's CA certificates: about 50 ms of CPU, that every batch
+    call (a protocol per endpoint) and every batch sensor tick paid again. The context is
+    made as the client's HTTP library makes its default one; None (the client's default)
+    where that library offers no such call."""
+    with _TLS_LOCK:
+        if not _TLS:
+            library = sys.modules.get(openai.DefaultHttpxClient.__mro__[1].__module__
+                                      .partition(".")[0])
+            make = getattr(library, "create_ssl_context", None)
+            _TLS.append(make() if callable(make) else None)
+    return openai.DefaultHttpxClient(verify=_TLS[0]) if _TLS[0] is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +113,8 @@ class OpenAIBatchProtocol:
         # make a second batch. Lost replies are recovered by :meth:`find` instead.
         self.client = openai.OpenAI(base_url=endpoint.base_url,
                                     api_key=endpoint.api_key or "not-needed",
-                                    max_retries=0, timeout=timeout_s)
+                                    max_retries=0, timeout=timeout_s,
+                                    http_client=_http_client(openai))
         self._openai = openai
 
     def close(self) -> None:
