@@ -258,9 +258,7 @@ class BatchDelivery(SendsParcels):
                     continue
                 budget.settle(request.reserve_tokens, request.reserve_tokens)  # for good
             data = line_of(request.key, self.route, request.body)
-            spool = self._spools.get(model)
-            if spool is None or spool.bytes + len(data) > endpoint.max_bytes_per_batch:
-                spool = self._spool_for(len(data), model, endpoint)
+            spool = self._spool_for(len(data), model, endpoint)
             spool.lines += 1  # its place in the file, kept until the book says it is ours
             spool.bytes += len(data)
             notes.append((spool, request.key, attempt, data, assumed_new))

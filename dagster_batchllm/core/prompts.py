@@ -245,13 +245,7 @@ def _with_images(model: str, messages: list[dict[str, Any]], row: tuple,
 
 def _render(template: str, fields: list[str], row: tuple, position: dict[str, int],
             as_text: bool) -> str:
-    values = {}
-    for name in fields:
-        value = row[position[name]]
-        # A text that is not blank is the cell's text as it is (what _cell_text would say,
-        # without its call: this runs per field per row).
-        values[name] = (value if type(value) is str and value and not value.isspace()
-                        else _cell_text(value, name, as_text))
+    values = {name: _cell_text(row[position[name]], name, as_text) for name in fields}
     try:
         text = template.format_map(values)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
@@ -264,6 +258,8 @@ def _render(template: str, fields: list[str], row: tuple, position: dict[str, in
 def _cell_text(value: Any, column: str, as_text: bool = False) -> str:
     """A cell as prompt text. Only text is text unless the call says ``cells_as_text``: a
     number or a byte string where a prompt expected text is usually the wrong column."""
+    if type(value) is str and value and not value.isspace():  # the usual cell, first (per row)
+        return value
     if value is None or (isinstance(value, float) and math.isnan(value)):
         raise InvalidInputError(f"column '{column}' is null")
     if isinstance(value, str):
