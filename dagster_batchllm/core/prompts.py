@@ -11,12 +11,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import operator
+import string
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from json.encoder import encode_basestring
 from typing import Any
 
 from .call import InferenceCall
+from .cells import cell_text as _cell_text
+from .cells import messages_from_cell as _messages_from_cell
 from .errors import InvalidInputError, RowError
 from .images import image_parts
 
@@ -28,6 +33,8 @@ _TEMPLATE_TOKENS_PER_MESSAGE = 8
 _TEMPLATE_TOKENS_PER_REQUEST = 8
 # For dry runs and cost estimates: the usual ~4 characters per token of English text.
 _TYPICAL_CHARS_PER_TOKEN = 4
+# Rows rendered at once on the usual call's path (see TextBlocks).
+_BLOCK_ROWS = 1024
 # The canonical form of a request body (its key is the hash of these bytes). One encoder for
 # every request: json.dumps with options builds a new one per call.
 _CANONICAL = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"),
@@ -76,19 +83,39 @@ def distinct_requests(items: Iterator[RowRequest | RowError],
 
 
 def iter_row_requests(
-    rows: Iterator[tuple], spec: InferenceCall, *, default_max_tokens: int
+    rows: Iterable[tuple], spec: InferenceCall, *, default_max_tokens: int
 ) -> Iterator[RowRequest | RowError]:
     """Render each row (a tuple in ``spec.input_columns()`` order) into a request or an error."""
-    columns = spec.input_columns()
-    position = {c: i for i, c in enumerate(columns)}
-    fields = spec.template_fields()
-    system_fields = spec.system_fields()
+    blocks = TextBlocks.of(spec, default_max_tokens)
+    if blocks is None:
+        yield from _row_by_row(rows, spec, default_max_tokens=default_max_tokens)
+        return
+    rows = iter(rows)
+    while block := list(islice(rows, _BLOCK_ROWS)):
+        made = blocks.requests(block)
+        if made is None:  # a row off the usual case: each as the general path renders it
+            yield from _row_by_row(block, spec, default_max_tokens=default_max_tokens)
+        else:
+            yield from made
+
+
+def _request_params(spec: InferenceCall, default_max_tokens: int) -> dict[str, Any]:
     params = spec.request_params
     if params.get("max_tokens") is None:
         # Always bound the completion: a budget can only be kept if every reply is bounded.
         params["max_tokens"] = default_max_tokens
     if spec.response_format is not None:
         params["response_format"] = spec.response_format
+    return params
+
+
+def _row_by_row(rows: Iterable[tuple], spec: InferenceCall, *, default_max_tokens: int
+                ) -> Iterator[RowRequest | RowError]:
+    columns = spec.input_columns()
+    position = {c: i for i, c in enumerate(columns)}
+    fields = spec.template_fields()
+    system_fields = spec.system_fields()
+    params = _request_params(spec, default_max_tokens)
     max_tokens = int(params["max_tokens"])
     as_text = spec.cells_as_text
     image_columns = [(c, position[c]) for c in spec.images or ()]
@@ -206,6 +233,103 @@ class _Skeleton:
         return _request(body, self.model, texts, max_tokens)
 
 
+class TextBlocks:
+    """The usual call's rows a block at a time: one model, a prompt template over plain column
+    names, a system prompt with no fields (or none), no images. Each row's request is the one
+    :func:`_row_by_row` makes of it (a test checks the two against each other), made in a few
+    list-wide steps rather than a generator step, a dict and several calls per row (a batch
+    call renders every row of its table twice, once to submit and once to collect). A block
+    with a row off that case (a cell that is no text, or blank; text that is no valid Unicode)
+    is left whole to :func:`_row_by_row`, which says why for each of its rows."""
+
+    __slots__ = ("fields", "distinct", "literals", "positional", "prefix", "suffix", "model",
+                 "max_tokens", "fixed_chars", "fixed_bytes", "messages")
+
+    def __init__(self, fields: list[int], literals: list[str], skeleton: _Skeleton,
+                 system: str | None, max_tokens: int):
+        self.fields, self.literals = fields, literals
+        self.distinct = list(dict.fromkeys(fields))  # the cells to check, once each
+        # "{0}"-style, for templates of several fields; literal braces doubled back.
+        self.positional = "".join(
+            literal.replace("{", "{{").replace("}", "}}") + (f"{{{j}}}" if j < len(fields) else "")
+            for j, literal in enumerate(literals))
+        pieces = skeleton.pieces
+        if system is None:
+            self.prefix, self.suffix = pieces[0], pieces[1]
+            self.fixed_chars = self.fixed_bytes = 0
+        else:
+            self.prefix, self.suffix = pieces[0] + encode_basestring(system) + pieces[1], pieces[2]
+            self.fixed_chars, self.fixed_bytes = len(system), len(system.encode("utf-8"))
+        self.model, self.max_tokens = skeleton.model, max_tokens
+        self.messages = 1 if system is None else 2
+
+    @staticmethod
+    def of(spec: InferenceCall, default_max_tokens: int) -> TextBlocks | None:
+        """None where the call is not the usual case."""
+        if (spec.prompt is None or spec.messages_column is not None or spec.images
+                or spec.model is None or spec.system_fields()):
+            return None
+        system = None
+        if spec.system:
+            try:
+                system = spec.system.format_map({})  # no fields: its literal text
+            except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+                return None
+            if not system or system.isspace():
+                return None
+        position = {c: i for i, c in enumerate(spec.input_columns())}
+        fields, literals = [], [""]  # literals[j] comes before field j, the last after all
+        for literal, name, format_spec, conversion in string.Formatter().parse(spec.prompt):
+            literals[-1] += literal
+            if name is None:
+                continue
+            if format_spec or conversion or name not in position:  # "{a!r}", "{a:>9}"
+                return None
+            fields.append(position[name])
+            literals.append("")
+        if not fields:
+            return None
+        params = _request_params(spec, default_max_tokens)
+        skeleton = _Skeleton.of(spec.model, params, spec.system)
+        if skeleton is None:
+            return None
+        return TextBlocks(fields, literals, skeleton, system, int(params["max_tokens"]))
+
+    def requests(self, rows: list[tuple]) -> list[RowRequest] | None:
+        """The rows' requests, or None if any row is not the usual case."""
+        for i in self.distinct:
+            for row in rows:
+                value = row[i]
+                if type(value) is not str or not value or value.isspace():
+                    return None
+        fields, literals = self.fields, self.literals
+        if len(fields) == 1:
+            i, before, after = fields[0], literals[0], literals[1]
+            texts = [before + row[i] + after for row in rows]
+        else:
+            cells, template = operator.itemgetter(*fields), self.positional
+            texts = [template.format(*cells(row)) for row in rows]
+        prefix, suffix, model, max_tokens = self.prefix, self.suffix, self.model, self.max_tokens
+        fixed_chars, n = self.fixed_chars, self.messages
+        # _request's bounds: UTF-8 bytes, the chat template's tokens per message and request
+        fixed_bytes = self.fixed_bytes + _TEMPLATE_TOKENS_PER_MESSAGE * n + \
+            _TEMPLATE_TOKENS_PER_REQUEST + max_tokens
+        typical = 4 * n
+        sha256 = hashlib.sha256
+        made = []
+        try:
+            for text in texts:
+                body = (prefix + encode_basestring(text) + suffix).encode("utf-8")
+                chars = fixed_chars + len(text)
+                made.append(RowRequest(
+                    sha256(body).hexdigest(), model, body,
+                    (len(text) if text.isascii() else len(text.encode("utf-8"))) + fixed_bytes,
+                    math.ceil(chars / _TYPICAL_CHARS_PER_TOKEN) + typical, max_tokens))
+        except UnicodeEncodeError:  # a lone surrogate: the general path says so, for its row
+            return None
+        return made
+
+
 def _encode(payload: dict[str, Any]) -> bytes:
     try:
         return _CANONICAL.encode(payload).encode("utf-8")
@@ -253,84 +377,6 @@ def _render(template: str, fields: list[str], row: tuple, position: dict[str, in
     if not text or text.isspace():
         raise InvalidInputError("the rendered prompt is empty")
     return text
-
-
-def _cell_text(value: Any, column: str, as_text: bool = False) -> str:
-    """A cell as prompt text. Only text is text unless the call says ``cells_as_text``: a
-    number or a byte string where a prompt expected text is usually the wrong column."""
-    if type(value) is str and value and not value.isspace():  # the usual cell, first (per row)
-        return value
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        raise InvalidInputError(f"column '{column}' is null")
-    if isinstance(value, str):
-        text = value
-    elif _is_missing(value) or _is_na(value):
-        raise InvalidInputError(f"column '{column}' is null")
-    elif not _has_text_form(value):
-        raise InvalidInputError(f"column '{column}' holds a {type(value).__name__}, not text")
-    elif not as_text:
-        raise InvalidInputError(
-            f"column '{column}' holds {_kind_of(value)}, not text; convert the column "
-            f"(df['{column}'].astype(str)) or pass cells_as_text=True")
-    elif isinstance(value, bytes | bytearray):
-        try:
-            text = bytes(value).decode("utf-8")
-        except UnicodeDecodeError:
-            raise InvalidInputError(f"column '{column}' holds bytes that are not UTF-8") from None
-    else:
-        text = str(value)
-    if not text.strip():
-        raise InvalidInputError(f"column '{column}' is empty")
-    return text
-
-
-def _has_text_form(value: Any) -> bool:
-    """Numbers, booleans, timestamps and bytes, which ``cells_as_text`` may render."""
-    return (isinstance(value, bytes | bytearray | bool | int | float)
-            or type(value).__module__ == "numpy" or hasattr(value, "isoformat"))
-
-
-def _kind_of(value: Any) -> str:
-    if isinstance(value, bytes | bytearray):
-        return "bytes"
-    return f"a {type(value).__name__}"
-
-
-def _is_na(value: Any) -> bool:
-    try:
-        import pandas as pd
-
-        return pd.isna(value) is True
-    except (TypeError, ValueError):
-        return False
-
-
-def _is_missing(value: Any) -> bool:
-    try:
-        return bool(value != value)  # NaN and NaT are not equal to themselves
-    except (TypeError, ValueError):
-        return False
-
-
-def _messages_from_cell(value: Any) -> list[dict[str, Any]]:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise InvalidInputError("the messages cell is a string but not JSON") from None
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if not isinstance(value, list | tuple) or not value:
-        raise InvalidInputError("the messages cell must be a non-empty list of {role, content}")
-    messages = []
-    for item in value:
-        if not isinstance(item, Mapping) or "role" not in item or "content" not in item:
-            raise InvalidInputError("each message needs 'role' and 'content'")
-        content = item["content"]
-        if content is None or (isinstance(content, str) and not content.strip()):
-            raise InvalidInputError(f"a '{item['role']}' message has empty content")
-        messages.append({"role": str(item["role"]), "content": content})
-    return messages
 
 
 # For the other tasks that render rows into text the same way (embeddings' inputs).
