@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -281,9 +280,7 @@ class _Merged:
 
     def finish(self, settings: Any, elapsed_s: float) -> None:
         s = self.stats
-        counts = array("l", [0] * len(RowStatus))
-        for status in self.row_status:
-            counts[status] += 1
+        counts = [self.row_status.count(status) for status in range(len(RowStatus))]
         s.cached = counts[RowStatus.CACHED]
         s.succeeded = counts[RowStatus.OK] + counts[RowStatus.CACHED]
         s.failed = counts[RowStatus.FAILED]

@@ -380,12 +380,26 @@ class InferenceRun:
                 if budget is not None:
                     for state, tried in zip(batch, attempts, strict=True):
                         budget.settle(state.request.reserve_tokens, tried.spent)
-            settle_error, conclude = self._settle_error, self._conclude
+            answered: list[tuple[KeyState, Any, Attempts]] = []
+            kept: list[KeyState] = []  # deferred with the parcel's first kept deferral
+            kept_error: DeferredError | None = None
+            settle_error = self._settle_error
             for state, result, tried in zip(batch, results, attempts, strict=True):
-                if isinstance(result, RowError):
-                    settle_error(state, result, tried.count, tried.endpoint)
+                if not isinstance(result, RowError):
+                    answered.append((state, result, tried))
+                elif result is kept_error:  # a batch file's rows share their deferral
+                    kept.append(state)
+                elif (kept_error is None and isinstance(result, DeferredError)
+                      and result.kept_by_delivery and self._coordination is None):
+                    kept_error = result
+                    kept.append(state)
                 else:
-                    conclude(state, result, tried)
+                    settle_error(state, result, tried.count, tried.endpoint)
+            if kept:
+                self._defer_kept(kept, kept_error.as_cell(),
+                                 _ERROR_TYPE_VALUES[kept_error.error_type])
+            if answered:
+                self._conclude_many(answered)
 
     def _over_budget(self, reserve: int) -> DeferredError:
         budget = self.budget
@@ -395,37 +409,52 @@ class InferenceRun:
 
     def _conclude(self, state: KeyState, completion: Any, attempts: Attempts) -> None:
         """Settle ``state`` from the reply its request got."""
-        request = state.request
-        self._latencies.append(completion.latency_s)
-        prompt, completed = completion.prompt_tokens, completion.completion_tokens
-        stats = self.stats
-        stats.prompt_tokens += prompt
-        stats.completion_tokens += completed
-        per_model = stats.tokens_by_model.get(request.model)
-        if per_model is None:
-            per_model = stats.tokens_by_model[request.model] = {"prompt_tokens": 0,
-                                                                "completion_tokens": 0}
-        per_model["prompt_tokens"] += prompt
-        per_model["completion_tokens"] += completed
-        try:
-            value = self.task.reply_value(completion, request)
-        except RowError as exc:
-            self._settle_error(state, exc, attempts.count, attempts.endpoint,
-                               completion.content, completion)
-            return
-        # What _settle does for an answer, written out: this runs once per answered row.
-        state.outcome = (_OK, value, None, None)
-        rows = state.rows
-        if len(rows) == 1:
-            row = rows[0]
-            self.row_status[row] = _OK
-            self.outputs[row] = value
-            self.errors[row] = None
-            self._done_rows += 1
-        else:
-            self._finish_rows(rows, _OK, value=value)
-        self._record(request, OK, completion.content, None, None, attempts.count,
-                     attempts.endpoint, completion)
+        self._conclude_many([(state, completion, attempts)])
+
+    def _conclude_many(self, answered: list[tuple[KeyState, Any, Attempts]]) -> None:
+        """Settle each state from the reply its request got; the run's figures are added up
+        once for all of them (a batch pass concludes 100,000s of rows a second)."""
+        stats, latencies, reply_value = self.stats, self._latencies, self.task.reply_value
+        row_status, outputs, errors = self.row_status, self.outputs, self.errors
+        record = self._record
+        by_model = stats.tokens_by_model
+        model = per_model = None
+        prompt_sum = completed_sum = done = 0
+        for state, completion, attempts in answered:
+            request = state.request
+            latencies.append(completion.latency_s)
+            prompt, completed = completion.prompt_tokens, completion.completion_tokens
+            prompt_sum += prompt
+            completed_sum += completed
+            if request.model != model:
+                model = request.model
+                per_model = by_model.get(model)
+                if per_model is None:
+                    per_model = by_model[model] = {"prompt_tokens": 0, "completion_tokens": 0}
+            per_model["prompt_tokens"] += prompt
+            per_model["completion_tokens"] += completed
+            try:
+                value = reply_value(completion, request)
+            except RowError as exc:
+                self._settle_error(state, exc, attempts.count, attempts.endpoint,
+                                   completion.content, completion)
+                continue
+            # What _settle does for an answer, written out: this runs once per answered row.
+            state.outcome = (_OK, value, None, None)
+            rows = state.rows
+            if len(rows) == 1:
+                row = rows[0]
+                row_status[row] = _OK
+                outputs[row] = value
+                errors[row] = None
+                done += 1
+            else:
+                self._finish_rows(rows, _OK, value=value)
+            record(request, OK, completion.content, None, None, attempts.count,
+                   attempts.endpoint, completion)
+        stats.prompt_tokens += prompt_sum
+        stats.completion_tokens += completed_sum
+        self._done_rows += done
 
     # -- outcomes ----------------------------------------------------------------------------
     def _settle_error(self, state: KeyState, error: RowError, attempts: int = 0,
@@ -436,7 +465,7 @@ class InferenceRun:
             # A deferral the delivery keeps durably (its line in the batch book) needs no
             # ledger record, unless the record would also end the key's claim.
             if error.kept_by_delivery and self._coordination is None:
-                self._defer_kept(state, error.as_cell(), error_type)
+                self._defer_kept([state], error.as_cell(), error_type)
             else:
                 self._settle(state, _DEFERRED, None, error.as_cell(), error_type, response,
                              attempts, endpoint, completion)
@@ -456,21 +485,27 @@ class InferenceRun:
         self._record(state.request, _LEDGER_STATUS[row_status], response, error, error_type,
                      attempts, endpoint, completion)
 
-    def _defer_kept(self, state: KeyState, cell: str, error_type: str) -> None:
+    def _defer_kept(self, states: list[KeyState], cell: str, error_type: str) -> None:
         """``_settle`` of a deferral with no record to write, written out: a batch pass
-        defers each row it puts in a file this way."""
-        state.outcome = (_DEFERRED, None, cell, error_type)
+        defers each row it puts in a file this way (those of a file share one cell)."""
+        outcome = (_DEFERRED, None, cell, error_type)
+        settled = (_DEFERRED, cell, error_type)
         row_status, errors, error_types = self.row_status, self.errors, self.error_types
-        rows = state.rows
-        for row in rows:
-            row_status[row] = _DEFERRED
-            errors[row] = cell
-            error_types[row] = error_type
-        self._done_rows += len(rows)
-        key = state.request.key
-        self._settled_not_ok[key] = (_DEFERRED, cell, error_type)
-        # Nothing to wait for: a later row of the key finds it settled above.
-        self._inflight.pop(key, None)
+        settled_not_ok, inflight = self._settled_not_ok, self._inflight
+        done = 0
+        for state in states:
+            state.outcome = outcome
+            rows = state.rows
+            for row in rows:
+                row_status[row] = _DEFERRED
+                errors[row] = cell
+                error_types[row] = error_type
+            done += len(rows)
+            key = state.request.key
+            settled_not_ok[key] = settled
+            # Nothing to wait for: a later row of the key finds it settled above.
+            inflight.pop(key, None)
+        self._done_rows += done
 
     def _finish_rows(self, rows: list[int], row_status: int, *, value: Any = None,
                      error: str | None = None, error_type: str | None = None) -> None:
