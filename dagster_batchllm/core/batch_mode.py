@@ -34,7 +34,7 @@ from .batch_protocol import protocol_for
 from .call import InferenceCall
 from .engine import InferenceRun
 from .errors import InferenceConfigError
-from .gc_pacing import fewer_collections
+from .gc_pacing import BATCH_THRESHOLDS, fewer_collections
 from .ledger import DEFERRED
 from .limits import TokenBudget
 from .results import InferenceStats, RowStatus
@@ -96,7 +96,7 @@ class BatchModeCall:
     async def run(self) -> _Merged:
         # The collector's objects (a line result per answered line) are no more garbage than
         # the engine runs' (see gc_pacing): the whole call, not only its passes.
-        with fewer_collections():
+        with fewer_collections(BATCH_THRESHOLDS):
             return await self._run()
 
     async def _run(self) -> _Merged:

@@ -8,7 +8,7 @@ import threading
 import pandas as pd
 
 from dagster_batchllm.core import gc_pacing
-from dagster_batchllm.core.gc_pacing import RUN_THRESHOLDS, fewer_collections
+from dagster_batchllm.core.gc_pacing import BATCH_THRESHOLDS, RUN_THRESHOLDS, fewer_collections
 
 
 def test_the_thresholds_are_raised_while_any_run_is_active_and_restored_after_the_last():
@@ -25,6 +25,19 @@ def test_the_thresholds_are_raised_while_any_run_is_active_and_restored_after_th
         with fewer_collections():
             assert gc.get_threshold() == (200_000, 50, 500)
         assert gc.get_threshold() == (200_000, 5, 500)
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_a_batch_call_raises_them_further_while_it_runs_beside_online_runs():
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        with fewer_collections():
+            with fewer_collections(BATCH_THRESHOLDS):
+                assert gc.get_threshold() == BATCH_THRESHOLDS
+            assert gc.get_threshold() == RUN_THRESHOLDS  # the online run's, once it is alone
+        assert gc.get_threshold() == (700, 10, 10)
     finally:
         gc.set_threshold(*before)
 
@@ -55,4 +68,4 @@ def test_concurrent_runs_on_threads_leave_the_thresholds_as_they_found_them(sim,
         thread.start()
     for thread in threads:
         thread.join()
-    assert gc.get_threshold() == before and gc_pacing._active == 0
+    assert gc.get_threshold() == before and not gc_pacing._holders
