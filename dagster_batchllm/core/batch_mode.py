@@ -220,7 +220,7 @@ class _Merged:
     def __init__(self, n: int, collect_keys: bool):
         self.outputs: list[Any] = [None] * n
         self.errors: list[str | None] = [None] * n
-        self.error_types: dict[int, str] = {}
+        self.error_types: list[str | None] = [None] * n
         self.row_status = bytearray(n)
         self.keys: set[str] | None = set() if collect_keys else None
         self.stats = InferenceStats(rows=n)
@@ -233,27 +233,18 @@ class _Merged:
 
     def add(self, run: InferenceRun, rows: Sequence[int]) -> None:
         """A run's outcomes, its row ``j`` being row ``rows[j]`` of the table."""
-        error_types = self.error_types
         if isinstance(rows, range) and rows.step == 1:  # a slice of the table: copied whole
             a, b = rows.start, rows.stop
             self.outputs[a:b] = run.outputs
             self.errors[a:b] = run.errors
             self.row_status[a:b] = run.row_status
-            if error_types:
-                for i in rows:
-                    error_types.pop(i, None)
-            for j, error_type in run.error_types.items():
-                error_types[a + j] = error_type
+            self.error_types[a:b] = run.error_types
         else:
             for j, i in enumerate(rows):
                 self.outputs[i] = run.outputs[j]
                 self.errors[i] = run.errors[j]
                 self.row_status[i] = run.row_status[j]
-                error_type = run.error_types.get(j)
-                if error_type is None:
-                    error_types.pop(i, None)
-                else:
-                    error_types[i] = error_type
+                self.error_types[i] = run.error_types[j]
         if self.keys is not None and run.keys is not None:
             self.keys |= run.keys
         s, new = self.stats, run.stats
@@ -286,9 +277,11 @@ class _Merged:
         s.failed = counts[RowStatus.FAILED]
         s.deferred = counts[RowStatus.DEFERRED]
         s.errors_by_type = {}
-        for row, error_type in self.error_types.items():
-            if self.row_status[row] == RowStatus.FAILED:
-                s.errors_by_type[error_type] = s.errors_by_type.get(error_type, 0) + 1
+        if s.failed:
+            failed = RowStatus.FAILED
+            for status, error_type in zip(self.row_status, self.error_types, strict=True):
+                if status == failed:
+                    s.errors_by_type[error_type] = s.errors_by_type.get(error_type, 0) + 1
         s.latency_p50_s, s.latency_p95_s = self._latency
         s.elapsed_s = elapsed_s
         s.mode = "batch_api"

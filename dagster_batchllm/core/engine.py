@@ -105,7 +105,7 @@ class InferenceRun:
         n = len(inputs)
         self.outputs: list[Any] = [None] * n
         self.errors: list[str | None] = [None] * n
-        self.error_types: dict[int, str] = {}  # row -> ErrorType value, for rows with an error
+        self.error_types: list[str | None] = [None] * n  # the ErrorType value of a row's error
         self.row_status = bytearray(n)  # a RowStatus per row
         self.stats = InferenceStats(rows=n)
         self._latencies = array("d")

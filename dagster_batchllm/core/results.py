@@ -4,7 +4,7 @@ figures of the run."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -118,17 +118,16 @@ class InferenceResult:
         return self.df[(self.statuses == RowStatus.DEFERRED.label).to_numpy()]
 
 
-def row_outcome_columns(error_types: Mapping[int, str], statuses: bytes | bytearray,
+def row_outcome_columns(error_types: Sequence[str | None], statuses: bytes | bytearray,
                         index: Any) -> tuple[Any, Any]:
     """The ``error_types`` and ``statuses`` Series of a result, from what the engine keeps:
-    ``error_types``, row position -> error type for the rows with an error; ``statuses``, one
-    ``RowStatus`` byte per row."""
+    ``error_types``, each row's error type (None for a row without an error); ``statuses``,
+    one ``RowStatus`` byte per row."""
     import numpy as np
     import pandas as pd
 
-    types = np.full(len(statuses), None, dtype=object)
-    for row, error_type in error_types.items():
-        types[row] = error_type
+    types = np.empty(len(statuses), dtype=object)
+    types[:] = error_types
     labels = [status.label for status in RowStatus]
     return (pd.Series(types, index=index, dtype=object),
             pd.Series(pd.Categorical.from_codes(np.frombuffer(statuses, dtype=np.uint8),
