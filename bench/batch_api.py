@@ -19,7 +19,9 @@ budget) and the **floor** (only what any client must do: serialize each request 
 for its key and write the line; no network). Peak RSS is the subprocess's maximum resident
 set; its growth from before the call shows what scales with N. The table of N answers the
 result holds grows with N in every mode, so the online engine's growth over the same rows (at
-zero latency) is printed too: batch mode's files are streamed, so it adds no more than that.
+zero latency) is printed too. Batch mode's files are streamed, never held whole; what it holds
+beyond online's is the answers of the batches it collects (up to 131,072, until the pass has
+written them to the ledger) and the outcomes of every row of each of its two calls.
 Every kind imports ``openai`` and makes one request with it before it is measured (a
 one-time second of CPU, not per row).
 """
