@@ -389,8 +389,7 @@ class InferenceRun:
                     answered.append((state, result, tried))
                 elif result is kept_error:  # a batch file's rows share their deferral
                     kept.append(state)
-                elif (kept_error is None and isinstance(result, DeferredError)
-                      and result.kept_by_delivery and self._coordination is None):
+                elif kept_error is None and self._kept(result):
                     kept_error = result
                     kept.append(state)
                 else:
@@ -462,9 +461,7 @@ class InferenceRun:
                       completion: Any = None) -> None:
         error_type = _ERROR_TYPE_VALUES[error.error_type]
         if isinstance(error, DeferredError):
-            # A deferral the delivery keeps durably (its line in the batch book) needs no
-            # ledger record, unless the record would also end the key's claim.
-            if error.kept_by_delivery and self._coordination is None:
+            if self._kept(error):
                 self._defer_kept([state], error.as_cell(), error_type)
             else:
                 self._settle(state, _DEFERRED, None, error.as_cell(), error_type, response,
@@ -484,6 +481,12 @@ class InferenceRun:
             self._settled_not_ok[state.request.key] = (row_status, error, error_type)
         self._record(state.request, _LEDGER_STATUS[row_status], response, error, error_type,
                      attempts, endpoint, completion)
+
+    def _kept(self, error: RowError) -> bool:
+        """Whether ``error`` is a deferral the delivery keeps durably (its line in the batch
+        book): it needs no ledger record, unless the record would also end the key's claim."""
+        return (isinstance(error, DeferredError) and error.kept_by_delivery
+                and self._coordination is None)
 
     def _defer_kept(self, states: list[KeyState], cell: str, error_type: str) -> None:
         """``_settle`` of a deferral with no record to write, written out: a batch pass
