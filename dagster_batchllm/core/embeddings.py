@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .cells import cell_text
 from .embed_call import EmbedCall
 from .errors import (
     ContextLengthExceededError,
@@ -38,7 +39,7 @@ from .errors import (
 )
 from .grouping import GroupingDelivery
 from .journal import JsonSafeText
-from .prompts import RowRequest, cell_text, render_template
+from .prompts import RowRequest, render_template
 from .transport import EMBEDDINGS_ROUTE, Completion, json_reply
 
 # What one input adds to a request's token bound besides its bytes (a BOS/EOS pair or so).

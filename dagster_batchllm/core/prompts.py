@@ -20,8 +20,7 @@ from json.encoder import encode_basestring
 from typing import Any
 
 from .call import InferenceCall
-from .cells import cell_text as _cell_text
-from .cells import messages_from_cell as _messages_from_cell
+from .cells import cell_text, messages_from_cell
 from .errors import InvalidInputError, RowError
 from .images import image_parts
 
@@ -126,16 +125,16 @@ def _row_by_row(rows: Iterable[tuple], spec: InferenceCall, *, default_max_token
     for row in rows:
         try:
             if spec.messages_column is not None:
-                messages = _messages_from_cell(row[position[spec.messages_column]])
+                messages = messages_from_cell(row[position[spec.messages_column]])
             else:
                 if spec.prompt is not None:
                     text = _render(spec.prompt, fields, row, position, as_text)
                 else:
-                    text = _cell_text(row[position[spec.prompt_column]], spec.prompt_column,
+                    text = cell_text(row[position[spec.prompt_column]], spec.prompt_column,
                                       as_text)
                 system = (_render(spec.system, system_fields, row, position, as_text)
                           if spec.system else None)
-            model = spec.model if spec.model is not None else _cell_text(
+            model = spec.model if spec.model is not None else cell_text(
                 row[position[spec.model_column]], spec.model_column
             )
             if skeletons is not None:
@@ -369,7 +368,7 @@ def _with_images(model: str, messages: list[dict[str, Any]], row: tuple,
 
 def _render(template: str, fields: list[str], row: tuple, position: dict[str, int],
             as_text: bool) -> str:
-    values = {name: _cell_text(row[position[name]], name, as_text) for name in fields}
+    values = {name: cell_text(row[position[name]], name, as_text) for name in fields}
     try:
         text = template.format_map(values)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
@@ -381,4 +380,3 @@ def _render(template: str, fields: list[str], row: tuple, position: dict[str, in
 
 # For the other tasks that render rows into text the same way (embeddings' inputs).
 render_template = _render
-cell_text = _cell_text
