@@ -193,6 +193,10 @@ class InferenceRun:
                 if coordination is not None:
                     await coordination.leave()
         self._finish_stats()
+        # Its per-key state is of no use once the run ended, and the run lives on in a cycle
+        # (its writer calls back into it) till a collection, which a batch call holds off: a
+        # batch pass's runs, one per slice, would keep every slice's keys to the call's end.
+        self._inflight, self._settled_not_ok = {}, {}
         return self.stats
 
     async def _stop_tasks(self, workers: list[asyncio.Task],
