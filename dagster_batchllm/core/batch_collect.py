@@ -284,21 +284,21 @@ class BatchCollector:
         for key in keys:
             held = self.answers.get(key)
             if held is not None:
-                _batch, _attempt, content, prompt, completion, reason = held
+                _batch, _attempt, content, prompt, completion, reason, _key = held
                 outcomes.append(_ok_line(key, content, prompt, completion, reason))
         return outcomes
 
     def _hold(self, row: dict[str, Any], held: list[tuple],
               places: dict[str, tuple[int | None, int]]) -> None:
         """The answered lines of a batch just collected: (the batch's id, submission id,
-        creation and end; the line's attempt, text, tokens and finish reason) by key, a
+        creation and end; the line's attempt, text, tokens, finish reason and key) by key, a
         sixth of what each line's LineState would hold."""
         batch = (row["submission_id"], row["batch_id"], row["created_at"], row["ended_at"])
         answers, room = self.answers, HELD_ANSWERS - len(self.answers)
         for key, content, prompt, completion, reason in held[:room]:
             place = places.get(key)
             if place is not None:  # (else a line this batch does not have: the book's none)
-                answers[key] = (batch, place[1], content, prompt, completion, reason)
+                answers[key] = (batch, place[1], content, prompt, completion, reason, key)
 
 
 def _let_go(submission_id: str) -> None:

@@ -204,7 +204,7 @@ class BatchDelivery(SendsParcels):
             attempt = 1
             if type(line) is tuple:  # an answer the collector holds (BatchCollector.answers)
                 (sub, _batch_id, created, ended), tried.count, content, prompt, completion, \
-                    reason = line
+                    reason, _key = line
                 self.consumed.add(sub)
                 self.collected_ok += 1
                 results[i] = Completion(content, prompt, completion, bool(prompt or completion),
@@ -319,10 +319,12 @@ class BatchDelivery(SendsParcels):
             find, taken = answered.get, self.taken
             lines = [find(key) for key in keys]  # a held answer is a tuple (see _place)
             unread = [key for key, line in zip(keys, lines, strict=True) if line is None]
+            # The held answer's own key (its last field), not the request's: the request's
+            # string would live on in ``taken`` for the whole pass, 90 bytes a row.
             if not unread:
-                taken.update(keys)
+                taken.update([line[-1] for line in lines])
                 return lines
-            taken.update(key for key, line in zip(keys, lines, strict=True) if line is not None)
+            taken.update([line[-1] for line in lines if line is not None])
             found = self._read_lines(unread)
             return [line if line is not None else found.get(key)
                     for key, line in zip(keys, lines, strict=True)]

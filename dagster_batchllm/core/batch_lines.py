@@ -98,7 +98,7 @@ def chat_answer_block(lines: list[bytes]) -> tuple[AnswerBlock | None, list[int]
         columns = [pc.filter(keys, usable).to_pylist(),
                    pc.filter(content, usable).to_pylist(),
                    *_usage(prompt, completion, usable),
-                   pc.filter(finish, usable).to_pylist()]
+                   _few_values(pc.filter(finish, usable))]
     except (KeyError, ValueError, TypeError, IndexError, pa.ArrowException):
         # Not one shape Arrow can read (a field missing from every line, or of types that
         # vary): each line is read on its own.
@@ -127,6 +127,21 @@ def _usage(prompt: Any, completion: Any, usable: Any) -> tuple[list[int], list[i
     return (pc.filter(pc.fill_null(prompt, 0), usable).to_pylist(),
             pc.filter(pc.if_else(pc.is_valid(prompt), pc.fill_null(completion, 0), 0),
                       usable).to_pylist())
+
+
+def _few_values(array: Any) -> list[Any]:
+    """A column of a few distinct strings (finish reasons) as a list that shares one object
+    per value: ``to_pylist`` makes a string per line, 50 bytes each of the answers a collect
+    holds (and a little faster)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_null(array.type):
+        return [None] * len(array)
+    encoded = array.dictionary_encode()
+    values = np.array([*encoded.dictionary.to_pylist(), None], dtype=object)
+    return values[pc.fill_null(encoded.indices, len(encoded.dictionary)).to_numpy()].tolist()
 
 
 def _parse_options() -> Any:
