@@ -190,13 +190,14 @@ class InferenceRun:
             try:
                 await self.delivery.close()
             finally:
+                # The writer's callback is the run's: a cycle that kept an ended run, its
+                # per-key state and row arrays, until a collection, which a batch call holds
+                # off (a pass's runs, one per slice, stayed to the call's end). No write after
+                # this one needs it.
+                self._writer.on_written = _written_after_the_run
                 if coordination is not None:
                     await coordination.leave()
         self._finish_stats()
-        # Its per-key state is of no use once the run ended, and the run lives on in a cycle
-        # (its writer calls back into it) till a collection, which a batch call holds off: a
-        # batch pass's runs, one per slice, would keep every slice's keys to the call's end.
-        self._inflight, self._settled_not_ok = {}, {}
         return self.stats
 
     async def _stop_tasks(self, workers: list[asyncio.Task],
@@ -575,3 +576,7 @@ class InferenceRun:
         finish_stats(self.stats, self.row_status, self._latencies, started=self._started)
         self.stats.endpoints = self.delivery.snapshot()
         self.stats.estimated_cost_usd = estimate_cost(self.settings, self.stats.tokens_by_model)
+
+
+def _written_after_the_run(_keys: list[str]) -> None:
+    """A write that ends after its run (a stop's last flush, shielded): nothing to mark."""

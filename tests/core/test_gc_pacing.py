@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import gc
 import threading
+import weakref
 
 import pandas as pd
 
-from dagster_batchllm.core import gc_pacing
+from dagster_batchllm.core import engine, gc_pacing
 from dagster_batchllm.core.gc_pacing import BATCH_THRESHOLDS, RUN_THRESHOLDS, fewer_collections
 
 
@@ -69,3 +70,27 @@ def test_concurrent_runs_on_threads_leave_the_thresholds_as_they_found_them(sim,
     for thread in threads:
         thread.join()
     assert gc.get_threshold() == before and not gc_pacing._holders
+
+
+def test_an_ended_run_is_freed_without_a_collection(sim, make_client, monkeypatch):
+    """Runs hold collections off, a batch call for its whole length: a run it is done with
+    must go when it is dropped (else a batch pass's runs, a slice each, all stay to the end of
+    the call with their keys and row arrays)."""
+    runs: list[weakref.ref] = []
+    make_run = engine.InferenceRun.__init__
+
+    def remember(self, *args, **kwargs):
+        make_run(self, *args, **kwargs)
+        runs.append(weakref.ref(self))
+
+    monkeypatch.setattr(engine.InferenceRun, "__init__", remember)
+    client = make_client(sim)
+    gc.collect()
+    gc.disable()
+    try:
+        result = client.infer(pd.DataFrame({"text": [f"row {i}" for i in range(50)]}),
+                              prompt="Echo {text}", model="sim-model")
+        assert result.stats.succeeded == 50
+        assert len(runs) == 1 and runs[0]() is None
+    finally:
+        gc.enable()
