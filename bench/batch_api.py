@@ -200,7 +200,7 @@ def main() -> None:
             submit = f"{1000 * m['submit_s'] / rows:8.4f}" if "submit_s" in m else f"{'':8}"
             collect = f"{1000 * m['collect_s'] / rows:8.4f}" if "collect_s" in m else f"{'':8}"
             print(f"{rows:>8} {kind:>12} {per_row:11.4f} {submit} {collect} "
-                  f"{m['rss_peak']:8.0f} {m['rss_peak'] - m['rss_before']:7.0f}", flush=True)
+                  f"{m['rss_peak']:8.0f} {growth[kind]:7.0f}", flush=True)
         if "batch_api" in growth and "online" in growth:
             # The result table grows with N in both: what batch mode holds beyond it.
             print(f"{rows:>8} {'batch-online':>12} {'':11} {'':8} {'':8} {'':8} "
