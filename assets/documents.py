@@ -24,7 +24,7 @@ import pandas as pd
 from pydantic import Field
 
 from dagster_batchllm import build_inference_asset
-from dagster_batchllm.core.images import DEFAULT_MAX_IMAGE_BYTES, image_parts
+from dagster_batchllm.core.tasks.chat.images import DEFAULT_MAX_IMAGE_BYTES, image_parts
 from dagster_batchllm.documents import DocumentError, parse_document
 from resources.warehouse import DEFAULT_DATA_DIR
 

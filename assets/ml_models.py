@@ -26,7 +26,7 @@ from dagster_batchllm import (
     build_model_version_asset,
     build_scoring_asset,
 )
-from dagster_batchllm.core.mlflow_models import mlflow_uris
+from dagster_batchllm.core.tasks.predict.models import mlflow_uris
 from resources.mlflow_registry import ACTION_MODEL as MODEL
 from resources.mlflow_registry import ARTIFACTS_URI, MLFLOW_DIR, REGISTRY_URI
 from resources.warehouse import DATASET

@@ -29,8 +29,8 @@ Run it in the example location, or on its own::
 import dagster as dg
 import duckdb
 
-from dagster_batchllm.core.stores import redact_url
-from dagster_batchllm.metadata import stats_metadata
+from dagster_batchllm.core.ledger.stores import redact_url
+from dagster_batchllm.factories.metadata import stats_metadata
 from dagster_batchllm.sql import register_ai_functions, translate
 
 from .partitions import daily_partitions

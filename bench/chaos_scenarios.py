@@ -556,7 +556,7 @@ def ledger_counts(store_url: str, table: str) -> dict[tuple[str, str], int]:
     """(partition, status) -> records, read straight from the ledger database."""
     import sqlalchemy as sa
 
-    from dagster_batchllm.core.stores import normalize_store_url, validate_identifier
+    from dagster_batchllm.core.ledger.stores import normalize_store_url, validate_identifier
 
     engine = sa.create_engine(normalize_store_url(store_url))
     try:
@@ -688,7 +688,7 @@ def postgres_unavailable() -> str | None:
 def drop_tables(store_url: str, tables: list[str]) -> None:
     import sqlalchemy as sa
 
-    from dagster_batchllm.core.stores import normalize_store_url, validate_identifier
+    from dagster_batchllm.core.ledger.stores import normalize_store_url, validate_identifier
 
     engine = sa.create_engine(normalize_store_url(store_url))
     try:

@@ -50,7 +50,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from dagster_batchllm.testing.mlflow_registry import (  # noqa: E402
+from dagster_batchllm.simulator.mlflow_registry import (  # noqa: E402
     LocalRegistry,
     ModelServer,
     feature_frame,

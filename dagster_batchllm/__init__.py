@@ -9,27 +9,24 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._moved import install as _install_moved_module_paths
-
 __version__ = "0.1.0"
-_install_moved_module_paths()
 
 _LAZY = {
-    "build_inference_asset": "dagster_batchllm.asset_factory",
+    "build_inference_asset": "dagster_batchllm.factories.inference",
     "BatchInferenceComponent": "dagster_batchllm.components.inference",
     "ModelScoringComponent": "dagster_batchllm.components.scoring",
     "build_retry_partitions_sensor": "dagster_batchllm.sensors",
     "build_new_data_sensor": "dagster_batchllm.sensors",
     "build_batch_collect_sensor": "dagster_batchllm.sensors",
-    "stats_metadata": "dagster_batchllm.metadata",
+    "stats_metadata": "dagster_batchllm.factories.metadata",
     "BatchInferenceResource": "dagster_batchllm.resource",
     "Endpoint": "dagster_batchllm.resource",
     "ModelPrice": "dagster_batchllm.resource",
     "MlflowModel": "dagster_batchllm.resource",
-    "build_scoring_asset": "dagster_batchllm.scoring_assets",
-    "build_model_version_asset": "dagster_batchllm.scoring_assets",
-    "build_model_alias_sensor": "dagster_batchllm.scoring_assets",
-    "PredictionResult": "dagster_batchllm.core.predict",
+    "build_scoring_asset": "dagster_batchllm.factories.scoring",
+    "build_model_version_asset": "dagster_batchllm.factories.scoring",
+    "build_model_alias_sensor": "dagster_batchllm.factories.scoring",
+    "PredictionResult": "dagster_batchllm.core.tasks.predict.task",
     "ManagedEndpoint": "dagster_batchllm.resource",
     "InferenceClient": "dagster_batchllm.core.client",
     "InferenceResult": "dagster_batchllm.core.results",
@@ -37,12 +34,12 @@ _LAZY = {
     "InferenceEstimate": "dagster_batchllm.core.results",
     "EndpointSpec": "dagster_batchllm.core.settings",
     "InferenceSettings": "dagster_batchllm.core.settings",
-    "Ledger": "dagster_batchllm.core.ledger",
+    "Ledger": "dagster_batchllm.core.ledger.table",
     "BatchLLMError": "dagster_batchllm.core.errors",
     "InferenceConfigError": "dagster_batchllm.core.errors",
     "ErrorType": "dagster_batchllm.core.errors",
-    "build_embedding_asset": "dagster_batchllm.embedding_asset",
-    "EmbedCall": "dagster_batchllm.core.embed_call",
+    "build_embedding_asset": "dagster_batchllm.factories.embedding",
+    "EmbedCall": "dagster_batchllm.core.tasks.embed.call",
 }
 
 __all__ = [
@@ -77,20 +74,20 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .asset_factory import build_inference_asset
+    from .factories.inference import build_inference_asset
     from .components.inference import BatchInferenceComponent
     from .components.scoring import ModelScoringComponent
     from .core.client import InferenceClient
-    from .core.embed_call import EmbedCall
+    from .core.tasks.embed.call import EmbedCall
     from .core.errors import BatchLLMError, ErrorType, InferenceConfigError
-    from .core.ledger import Ledger
-    from .core.predict import PredictionResult
+    from .core.ledger.table import Ledger
+    from .core.tasks.predict.task import PredictionResult
     from .core.results import InferenceEstimate, InferenceResult, InferenceStats
     from .core.settings import EndpointSpec, InferenceSettings
-    from .embedding_asset import build_embedding_asset
-    from .metadata import stats_metadata
+    from .factories.embedding import build_embedding_asset
+    from .factories.metadata import stats_metadata
     from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, MlflowModel, ModelPrice
-    from .scoring_assets import (
+    from .factories.scoring import (
         build_model_alias_sensor,
         build_model_version_asset,
         build_scoring_asset,

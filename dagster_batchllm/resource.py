@@ -14,10 +14,10 @@ from dagster._config.field_utils import Shape
 from dagster._core.definitions.definition_config_schema import DefinitionConfigSchema
 from pydantic import Field, PrivateAttr
 
-from .context import read_context
-from .core.call import InferenceCall
+from .factories.context import read_context
+from .core.tasks.chat.call import InferenceCall
 from .core.client import InferenceClient
-from .core.embed_call import EmbedCall
+from .core.tasks.embed.call import EmbedCall
 from .core.errors import InferenceConfigError
 from .core.results import InferenceEstimate, InferenceResult
 from .core.settings import DESCRIPTION, EndpointSpec, InferenceSettings, MlflowModelSpec
@@ -325,7 +325,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
         replies are parsed and validated per row); ``token_budget``; ``partition_key``;
         ``mode="batch_api"`` (an endpoint's offline batch API, at its batch price) with
         ``wait=True`` (poll until answered) or ``wait=False`` (return once submitted).
-        These are the fields of :class:`~dagster_batchllm.core.call.InferenceCall`; pass one
+        These are the fields of :class:`~dagster_batchllm.core.tasks.chat.call.InferenceCall`; pass one
         as ``call`` (the asset factory does) and keywords change it. Pass ``context=`` (an asset
         context) to record its run id, partition key and asset key in the ledger and log
         through it.
@@ -348,7 +348,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
         endpoint serves, or a URI: ``models:/name@alias``, ``models:/name/3``, ``runs:/...``,
         a path) or ``model_column=``; ``input_columns=[...]`` (named as the model's features);
         ``output_column=``; ``rows_per_request``; ``partition_key``. Returns a
-        :class:`~dagster_batchllm.core.predict.PredictionResult` (``.models`` says which
+        :class:`~dagster_batchllm.core.tasks.predict.task.PredictionResult` (``.models`` says which
         version each model name resolved to)."""
         return self.client.predict(df, call, **_context_kwargs(context, call, kwargs))
     def embed(self, df: Any, call: EmbedCall | None = None, /, *, context: Any = None,
@@ -359,7 +359,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
         Arguments: ``input`` (a template, e.g. ``"{title}: {body}"``) or ``input_column``;
         ``model``; ``output_column`` (default ``embedding``); ``dimensions``;
         ``inputs_per_request`` (64); ``max_request_tokens``; ``token_budget``. These are the
-        fields of :class:`~dagster_batchllm.core.embed_call.EmbedCall`. ``context=`` as for
+        fields of :class:`~dagster_batchllm.core.tasks.embed.call.EmbedCall`. ``context=`` as for
         :meth:`infer`. The dry run is ``estimate(df, ..., task="embed")``.
         """
         return self.client.embed(df, call, **_context_kwargs(context, call, kwargs))

@@ -17,7 +17,7 @@ import pandas as pd
 import sqlalchemy as sa
 from pydantic import Field, PrivateAttr
 
-from dagster_batchllm.core.stores import make_engine, redact_url, validate_identifier
+from dagster_batchllm.core.ledger.stores import make_engine, redact_url, validate_identifier
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA_DIR = REPO_ROOT / "data"

@@ -129,7 +129,7 @@ def mlflow_registry(tmp_path_factory):
     STRUCT request to a custom model endpoint."""
     pytest.importorskip("mlflow")
     pytest.importorskip("sklearn")
-    from dagster_batchllm.testing.mlflow_registry import (
+    from dagster_batchllm.simulator.mlflow_registry import (
         LocalRegistry,
         feature_frame,
         fit_risk_model,

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from chaos_scenarios import SCENARIOS, TEST, postgres_unavailable, run_scenario
 
-from dagster_batchllm.core.ledger import Ledger
+from dagster_batchllm.core.ledger.table import Ledger
 
 SCENARIO_PARAMS = [
     pytest.param(name, marks=[pytest.mark.postgres] if name.endswith("postgres") else [], id=name)

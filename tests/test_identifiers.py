@@ -18,9 +18,9 @@ import sqlalchemy as sa
 
 from dagster_batchllm import InferenceConfigError
 from dagster_batchllm.core.client import InferenceClient
-from dagster_batchllm.core.ledger import Ledger
+from dagster_batchllm.core.ledger.table import Ledger
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
-from dagster_batchllm.core.stores import validate_identifier
+from dagster_batchllm.core.ledger.stores import validate_identifier
 from dagster_batchllm.testing import SimulatedEndpoint
 
 MODEL = "sim-model"
@@ -126,7 +126,7 @@ def test_longest_accepted_ledger_table_works_on_postgres_and_longer_is_refused(p
     """The ledger derives index and table names from its own; they must fit 63 characters."""
     ledger = Ledger(pg_url, "l" * 43)
     try:
-        from dagster_batchllm.core.coordination import RunCoordinator
+        from dagster_batchllm.core.run.coordinator import RunCoordinator
 
         coordinator = RunCoordinator(ledger.engine, ledger.table, ["ep0"])
         assert coordinator.heartbeat() == {"ep0": 1}

@@ -1,5 +1,5 @@
-"""The package's layers, checked from its source: no import cycles, no Dagster or PySpark in the
-core, and no internal use of the old module paths.
+"""The package's layers and shape, checked from its source: no import cycles, no Dagster or PySpark
+in the core, no import of a module path that does not exist, and modules of a readable size.
 
 The imports are read statically (``ast``) from every module under ``dagster_batchllm/``, those
 inside functions included (a lazy import is still a dependency), those under
@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
-from dagster_batchllm._moved import MOVED, new_path
 
 PACKAGE = "dagster_batchllm"
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +46,7 @@ class ImportGraph:
     modules: dict[str, Path] = field(default_factory=dict)
     edges: dict[str, list[Edge]] = field(default_factory=dict)  # internal, by source
     external: dict[str, dict[str, int]] = field(default_factory=dict)  # top-level name -> line
-    named: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # module paths named
+    missing: list[str] = field(default_factory=list)  # imports of paths that name no module
 
     def imports_of(self, module: str) -> set[str]:
         return {e.target for e in self.edges.get(module, [])}
@@ -92,10 +90,8 @@ def build_graph(root: Path, package: str) -> ImportGraph:
 def _add_imports(graph: ImportGraph, package: str, module: str, path: Path) -> None:
     edges = graph.edges.setdefault(module, [])
     external = graph.external.setdefault(module, {})
-    named = graph.named.setdefault(module, [])
 
     def internal(name: str, line: int) -> None:
-        named.append((name, line))
         # The module itself, else the nearest enclosing package that is one of ours.
         target = name
         while target not in graph.modules and "." in target:
@@ -109,6 +105,8 @@ def _add_imports(graph: ImportGraph, package: str, module: str, path: Path) -> N
             for alias in node.names:
                 top = alias.name.split(".")[0]
                 if top == package:
+                    if alias.name not in graph.modules:
+                        graph.missing.append(f"{module} imports {alias.name} (line {node.lineno})")
                     internal(alias.name, node.lineno)
                 else:
                     external.setdefault(top, node.lineno)
@@ -123,11 +121,11 @@ def _add_imports(graph: ImportGraph, package: str, module: str, path: Path) -> N
         if source.split(".")[0] != package:
             external.setdefault(source.split(".")[0], node.lineno)
             continue
+        if source not in graph.modules:
+            graph.missing.append(f"{module} imports from {source} (line {node.lineno})")
         for alias in node.names:
             candidate = f"{source}.{alias.name}"
-            # An old path names a module when its new home is one.
-            is_module = candidate in graph.modules or new_path(candidate) in graph.modules
-            internal(candidate if is_module else source, node.lineno)
+            internal(candidate if candidate in graph.modules else source, node.lineno)
 
 
 # -- the analyses ----------------------------------------------------------------------------------
@@ -235,15 +233,6 @@ def framework_free_modules(graph: ImportGraph) -> list[str]:
                   if m in executors or any(m == p or m.startswith(p + ".") for p in prefixes))
 
 
-def old_path_imports(graph: ImportGraph) -> list[str]:
-    found = []
-    for module, names in sorted(graph.named.items()):
-        for name, line in names:
-            if new_path(name) is not None:
-                found.append(f"{module} imports {name} (line {line}); use {new_path(name)}")
-    return found
-
-
 def _describe(chain: Iterable[Edge | str]) -> str:
     return "\n    ".join(str(step) for step in chain)
 
@@ -258,7 +247,7 @@ def test_the_graph_sees_the_package(graph):
     """The checks below are only as good as the graph: it holds what the source says."""
     assert f"{PACKAGE}.core.client" in graph.modules
     assert f"{PACKAGE}.core.client" in graph.imports_of(f"{PACKAGE}.spark.worker")
-    assert f"{PACKAGE}.core.call" in graph.imports_of(f"{PACKAGE}.core.client")
+    assert f"{PACKAGE}.core.tasks.chat.call" in graph.imports_of(f"{PACKAGE}.core.client")
     assert "dagster" in graph.external[f"{PACKAGE}.resource"]
     # A function-level import of pyspark is seen (ai_query_col imports it when called).
     assert "pyspark" in graph.external[f"{PACKAGE}.spark.columns"]
@@ -274,18 +263,33 @@ def test_no_import_cycles(graph):
 
 def test_core_simulator_catalogue_and_spark_executors_import_no_dagster_or_pyspark(graph):
     modules = framework_free_modules(graph)
-    assert f"{PACKAGE}.spark.worker" in modules and f"{PACKAGE}.core.engine" in modules
+    assert f"{PACKAGE}.spark.worker" in modules and f"{PACKAGE}.core.run.engine" in modules
     problems = {m: framework_imports(graph, m) for m in modules}
     problems = {m: chains for m, chains in problems.items() if chains}
     assert not problems, "Modules that must run without Dagster and PySpark import them:\n  " + \
         "\n  ".join(f"{m}:\n    {_describe(chains[0])}" for m, chains in problems.items())
 
 
-def test_no_old_module_paths_inside_the_package(graph):
-    assert MOVED, "nothing to check: _moved.MOVED is empty"
-    found = old_path_imports(graph)
-    assert not found, ("The old module paths are for users only; the package imports them:\n  "
-                       + "\n  ".join(found))
+def test_every_imported_module_path_exists(graph):
+    found = graph.missing
+    assert not found, "Imports of module paths that do not exist:\n  " + "\n  ".join(found)
+
+
+# At most this many modules directly in core/ (the rest in subpackages by concern), and no module
+# longer than this: past it a module holds more than one concern.
+CORE_MODULES_AT_MOST = 15
+MODULE_LINES_AT_MOST = 450
+
+
+def test_core_holds_few_modules_directly():
+    direct = sorted(p.name for p in (ROOT / PACKAGE / "core").glob("*.py"))
+    assert len(direct) <= CORE_MODULES_AT_MOST, direct
+
+
+def test_no_module_is_longer_than_the_bound(graph):
+    long = {m: n for m, path in graph.modules.items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MODULE_LINES_AT_MOST}
+    assert not long, f"modules over {MODULE_LINES_AT_MOST} lines: {long}"
 
 
 # -- the checks themselves, on a package made for them -------------------------------------------
@@ -296,7 +300,7 @@ def _write(root: Path, files: dict[str, str]) -> None:
         path.write_text(text, encoding="utf-8")
 
 
-def test_the_checks_find_cycles_framework_imports_and_old_paths(tmp_path):
+def test_the_checks_find_cycles_framework_imports_and_missing_paths(tmp_path):
     _write(tmp_path, {
         f"{PACKAGE}/__init__.py": "",
         f"{PACKAGE}/core/__init__.py": "",
@@ -334,5 +338,8 @@ def test_the_checks_find_cycles_framework_imports_and_old_paths(tmp_path):
     assert "pyspark" not in graph.external[f"{PACKAGE}.core.c"]
     assert graph.imports_of(f"{PACKAGE}.core.c") == {PACKAGE}
 
-    assert old_path_imports(graph) == [
-        f"{PACKAGE}.core.c imports {PACKAGE}.client (line 6); use {PACKAGE}.core.client"]
+    assert graph.missing == []
+    _write(tmp_path, {f"{PACKAGE}/core/d.py": f"import {PACKAGE}.core.gone\nfrom .gone import x\n"})
+    assert sorted(build_graph(tmp_path, PACKAGE).missing) == [
+        f"{PACKAGE}.core.d imports {PACKAGE}.core.gone (line 1)",
+        f"{PACKAGE}.core.d imports from {PACKAGE}.core.gone (line 2)"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any
 
-from ..core.call import (
+from ..core.tasks.chat.call import (
     GENERATION_PARAMS,
     InferenceCall,
     literal_template,

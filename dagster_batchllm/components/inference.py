@@ -3,7 +3,7 @@
 It resolves its attributes from YAML and calls :func:`build_inference_asset`, so an asset built
 from YAML is the same asset as one built in Python (partitions, metadata, checks and all). What
 the YAML can say comes from where each concept lives: the call's attributes are the fields of
-:class:`~dagster_batchllm.core.call.InferenceCall`, ``asset_attributes`` are Dagster's own, and
+:class:`~dagster_batchllm.core.tasks.chat.call.InferenceCall`, ``asset_attributes`` are Dagster's own, and
 ``resource`` is the resource's fields.
 """
 
@@ -28,8 +28,8 @@ from dagster.components.resolved.core_models import (
     resolve_partitions_def,
 )
 
-from ..asset_factory import build_inference_asset
-from ..core.call import InferenceCall
+from ..factories.inference import build_inference_asset
+from ..core.tasks.chat.call import InferenceCall
 from ..core.settings import DEFAULT_LEDGER_TABLE
 from ..sensors.batches import build_batch_collect_sensor
 from ..sensors.retry_partitions import build_retry_partitions_sensor
@@ -175,7 +175,7 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
     The attributes are those of :func:`build_inference_asset`: the call's (``prompt``,
     ``system``, ``model``, ``output_column``, ``max_tokens``, ``response_format``,
     ``generation_params``, ``token_budget``, ... : the fields of
-    :class:`~dagster_batchllm.core.call.InferenceCall`), Dagster's ``asset_attributes``, and the
+    :class:`~dagster_batchllm.core.tasks.chat.call.InferenceCall`), Dagster's ``asset_attributes``, and the
     factory's own (partitions, checks, keys). The endpoints live in the
     ``BatchInferenceResource`` under ``resource_key`` (``llm`` by default): given as
     ``resource``, the component provides it, so a ``defs.yaml`` alone declares everything;

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import dagster as dg
 
-from ..scoring_assets import (
+from ..factories.scoring import (
     build_model_alias_sensor,
     build_model_version_asset,
     build_scoring_asset,

@@ -15,17 +15,17 @@ import threading
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
-from .batch_mode import BatchModeCall, check_mode
-from .call import InferenceCall
-from .embed_call import EmbedCall
-from .embed_client import embed_frame, estimate_embeddings
-from .engine import InferenceRun
+from .delivery.batch_api.mode import BatchModeCall, check_mode
+from .tasks.chat.call import InferenceCall
+from .tasks.embed.call import EmbedCall
+from .tasks.embed.client import embed_frame, estimate_embeddings
+from .run.engine import InferenceRun
 from .errors import InferenceConfigError
-from .ledger import Ledger
-from .pool import EndpointPool
-from .prompts import distinct_requests, iter_row_requests, row_tuples
+from .ledger.table import Ledger
+from .delivery.pool import EndpointPool
+from .run.prompts import distinct_requests, iter_row_requests, row_tuples
 from .results import InferenceEstimate, InferenceResult
-from .run_figures import estimate_cost
+from .run.figures import estimate_cost
 from .settings import InferenceSettings
 
 log = logging.getLogger("dagster_batchllm")
@@ -196,7 +196,7 @@ class InferenceClient:
         """One prediction per row of ``df`` from an MLflow model (in process or served):
         ``model=`` or ``model_column=``, ``input_columns=[...]``, ``output_column=``; failures
         are data in ``<output>_error``. Returns a :class:`~.predict.PredictionResult`."""
-        from .predicting import apredict, predict_call
+        from .tasks.predict.client import apredict, predict_call
 
         return await apredict(self, df, predict_call(call, call_fields), run_id=run_id,
                               logger=logger, supersede_stale=supersede_stale, models=models)

@@ -1,6 +1,6 @@
 """``build_embedding_asset``: "this table, this text, this embedding model" as an asset.
 
-The embeddings sibling of :func:`~dagster_batchllm.asset_factory.build_inference_asset`, with
+The embeddings sibling of :func:`~dagster_batchllm.factories.inference.build_inference_asset`, with
 the same arguments and reusing its helpers: the same partitions, single-run backfills, per
 partition figures and checks, so the retry-partitions sensor works on it unchanged; the rows
 get one float32 vector each (a 1-D numpy array) in ``output_column``.
@@ -13,13 +13,13 @@ from typing import Any
 import dagster as dg
 import numpy as np
 
-from .asset_factory import _answers_of, _asset_attributes, _asset_key, _check_definition
+from .inference import _answers_of, _asset_attributes, _asset_key, _check_definition
 from .checks import inference_check_specs
-from .core.embed_call import EmbedCall
-from .core.errors import InferenceConfigError
-from .core.stores import validate_identifier
+from ..core.tasks.embed.call import EmbedCall
+from ..core.errors import InferenceConfigError
+from ..core.ledger.stores import validate_identifier
 from .metadata import answer_figures, column_schema, run_figures, summary_line, table_figures
-from .partition_outputs import call_per_partition, partition_events
+from .partitions import call_per_partition, partition_events
 
 
 def build_embedding_asset(
@@ -48,7 +48,7 @@ def build_embedding_asset(
 ) -> dg.AssetsDefinition:
     """Build a software-defined asset that embeds a text of each row of an upstream table.
 
-    What to embed is an :class:`~dagster_batchllm.core.embed_call.EmbedCall`: pass one as
+    What to embed is an :class:`~dagster_batchllm.core.tasks.embed.call.EmbedCall`: pass one as
     ``call``, or its fields as keywords (``input=`` a template or ``input_column=``,
     ``model=``, ``output_column=``, ``dimensions=``, ``inputs_per_request=`` ...). The other
     arguments are those of ``build_inference_asset``. Each partition's materialization

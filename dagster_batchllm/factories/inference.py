@@ -9,10 +9,10 @@ from typing import Any
 import dagster as dg
 
 from .checks import inference_check_specs
-from .core.batch_mode import check_mode
-from .core.call import InferenceCall
-from .core.errors import InferenceConfigError
-from .core.stores import validate_identifier
+from ..core.delivery.batch_api.mode import check_mode
+from ..core.tasks.chat.call import InferenceCall
+from ..core.errors import InferenceConfigError
+from ..core.ledger.stores import validate_identifier
 from .metadata import (
     answer_figures,
     batch_figures,
@@ -21,7 +21,7 @@ from .metadata import (
     summary_line,
     table_figures,
 )
-from .partition_outputs import call_per_partition, partition_events
+from .partitions import call_per_partition, partition_events
 
 
 def build_inference_asset(
@@ -53,7 +53,7 @@ def build_inference_asset(
 ) -> dg.AssetsDefinition:
     """Build a software-defined asset that runs batch inference over an upstream table.
 
-    What to send is an :class:`~dagster_batchllm.core.call.InferenceCall`: pass one as
+    What to send is an :class:`~dagster_batchllm.core.tasks.chat.call.InferenceCall`: pass one as
     ``call``, or its fields as keywords (``prompt=``, ``model=``, ``output_column=``,
     ``max_tokens=``, ``response_format=``, ``generation_params=``, ``token_budget=`` ...).
     The upstream asset's value (a pandas DataFrame, loaded by its IO manager) gets
@@ -67,7 +67,7 @@ def build_inference_asset(
     single-run backfill: its rows (which failed, and why: ``key_columns`` name the columns that
     identify a row in that table), what this run paid for it (``batchllm/run/...``) and what
     the answers it holds cost (``batchllm/answers/...``, from the ledger); the checks are
-    partitioned too (see :mod:`dagster_batchllm.metadata` and :mod:`dagster_batchllm.checks`).
+    partitioned too (see :mod:`dagster_batchllm.factories.metadata` and :mod:`dagster_batchllm.factories.checks`).
     The asset's code version is the call's (:attr:`InferenceCall.code_version`), so editing the
     prompt, model or generation parameters marks it and what it feeds unsynced.
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import dagster as dg
 
-from .core.error_kinds import describe_errors, kind_of, unretryable_rows
-from .core.errors import ErrorType
-from .core.results import InferenceResult, InferenceStats
+from ..core.error_kinds import describe_errors, kind_of, unretryable_rows
+from ..core.errors import ErrorType
+from ..core.results import InferenceResult, InferenceStats
 
 # model -> (USD per 1M prompt tokens, USD per 1M completion tokens), None when not priced
 PriceFor = Callable[[str], "tuple[float, float] | None"]
@@ -160,7 +160,7 @@ def run_figures(stats: InferenceStats, price_for: PriceFor | None = None) -> dic
 def answer_figures(tokens_by_model: Mapping[str, Mapping[str, int]],
                    price_for: PriceFor | None = None) -> dict[str, Any]:
     """What the answers the table holds cost when they were paid for (from
-    :meth:`~dagster_batchllm.core.ledger.Ledger.answer_tokens`)."""
+    :meth:`~dagster_batchllm.core.ledger.table.Ledger.answer_tokens`)."""
     by_model, total, unpriced = _by_model(tokens_by_model, price_for, "answers")
     metadata: dict[str, Any] = {
         "batchllm/answers/count": sum(t.get("answers", 0) for t in tokens_by_model.values()),

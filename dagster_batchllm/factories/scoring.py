@@ -23,15 +23,15 @@ from typing import Any
 
 import dagster as dg
 
-from .asset_factory import _asset_attributes, _asset_key
+from .inference import _asset_attributes, _asset_key
 from .checks import inference_check_specs
-from .core.errors import InferenceConfigError
-from .core.mlflow_models import ResolvedModel, resolve_models
-from .core.predict import PredictCall
-from .core.settings import InferenceSettings, MlflowModelSpec
-from .core.stores import validate_identifier
+from ..core.errors import InferenceConfigError
+from ..core.tasks.predict.models import ResolvedModel, resolve_models
+from ..core.tasks.predict.task import PredictCall
+from ..core.settings import InferenceSettings, MlflowModelSpec
+from ..core.ledger.stores import validate_identifier
 from .metadata import column_schema, table_figures
-from .partition_outputs import call_per_partition, partition_events
+from .partitions import call_per_partition, partition_events
 
 MODEL_URI = "batchllm/model_uri"
 REGISTRY_URI = "batchllm/registry_uri"

@@ -19,11 +19,11 @@ from typing import Any
 
 import dagster as dg
 
-from ..core.batch_book import COLLECTED, ENDED, SUBMIT_FAILED, BatchBook
-from ..core.batch_collect import BatchCollector
-from ..core.batch_protocol import protocol_for
-from ..core.batch_waits import waiting_for_batches
-from ..core.ledger import Ledger
+from ..core.delivery.batch_api.book import COLLECTED, ENDED, SUBMIT_FAILED, BatchBook
+from ..core.delivery.batch_api.collect import BatchCollector
+from ..core.delivery.batch_api.protocol import protocol_for
+from ..core.delivery.batch_api.waits import waiting_for_batches
+from ..core.ledger.table import Ledger
 from .common import _asset_key, _missing_sqlite_file, _single_asset
 
 BATCH_COLLECT_TAG = "batchllm/collect"

@@ -12,7 +12,7 @@ import dagster as dg
 import sqlalchemy as sa
 
 from ..core.error_kinds import kind_of
-from ..core.stores import normalize_store_url, redact_url
+from ..core.ledger.stores import normalize_store_url, redact_url
 
 # How many of an asset's latest materializations a sensor reads, newest first.
 MATERIALIZATIONS_SCANNED = 500

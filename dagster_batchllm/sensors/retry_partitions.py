@@ -18,12 +18,12 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
     UnresolvedAssetJobDefinition,
 )
 
-from ..core.batch_waits import waiting_in_ledger
+from ..core.delivery.batch_api.waits import waiting_in_ledger
 from ..core.error_kinds import describe_errors, kind_of
 from ..core.errors import InferenceConfigError
-from ..core.ledger import DEFERRED, FAILED, Ledger
+from ..core.ledger.table import DEFERRED, FAILED, Ledger
 from ..core.settings import DEFAULT_LEDGER_TABLE
-from ..core.stores import validate_identifier
+from ..core.ledger.stores import validate_identifier
 from .common import (
     RETRY_ROUND_TAG,
     RETRY_TAG,

@@ -36,7 +36,7 @@ class LocalRegistry:
     @contextlib.contextmanager
     def _logging(self):
         """A run of this registry, MLflow's process-wide URIs put back afterwards."""
-        from ..core.mlflow_models import mlflow_uris
+        from ..core.tasks.predict.models import mlflow_uris
 
         with mlflow_uris(self.uri), self._mlflow.start_run(
                 experiment_id=self.experiment_id) as run:
@@ -66,7 +66,7 @@ class LocalRegistry:
         return self._register(name, info.model_uri, run.info.run_id, alias)
 
     def _register(self, name: str, model_uri: str, run_id: str, alias: str | None) -> str:
-        from ..core.mlflow_models import mlflow_uris
+        from ..core.tasks.predict.models import mlflow_uris
 
         if not self.client.search_registered_models(filter_string=f"name = '{name}'"):
             self.client.create_registered_model(name)
@@ -85,7 +85,7 @@ class LocalRegistry:
 
     def local_path(self, name: str, version: str, dest: str | os.PathLike) -> str:
         """A version's model downloaded into ``dest`` (a plain folder with its MLmodel)."""
-        from ..core.mlflow_models import mlflow_uris
+        from ..core.tasks.predict.models import mlflow_uris
 
         with mlflow_uris(self.uri):
             return self._mlflow.artifacts.download_artifacts(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..core.call import template_fields
+from ..core.tasks.chat.call import template_fields
 from ..core.errors import InferenceConfigError
 from . import worker
 from .active import active_ai

@@ -3,7 +3,7 @@
 A :class:`SparkJob` is built once on the driver and travels to executors inside the pandas UDF's
 closure. It holds the :class:`~dagster_batchllm.core.settings.InferenceSettings` already split
 for one task slot (see :func:`split_for_slots`), the call as one
-:class:`~dagster_batchllm.core.call.InferenceCall` (checked on the driver; it reads the columns
+:class:`~dagster_batchllm.core.tasks.chat.call.InferenceCall` (checked on the driver; it reads the columns
 of the frames the executor builds, see :data:`PROMPT_COLUMN`) and, when a token budget is set, a
 :class:`BudgetRef` to the shared budget row in the ledger database. Nothing here imports pyspark
 or dagster.
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.call import InferenceCall
+from ..core.tasks.chat.call import InferenceCall
 from ..core.errors import InferenceConfigError
 from ..core.settings import InferenceSettings
 

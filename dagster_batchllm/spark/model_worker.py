@@ -5,7 +5,7 @@ default, as ``spark_udf``) each batch is one ``predict`` per model; with it, eve
 up in the ledger first and the rest scored and written in bulk (:func:`~..core.keyed_scoring.
 score_keyed`; served models through the worker process's client, :func:`.worker.client_for`).
 Either way the model is loaded once per process
-(:func:`~dagster_batchllm.core.mlflow_models.load_model`): a Python worker that runs many
+(:func:`~dagster_batchllm.core.tasks.predict.models.load_model`): a Python worker that runs many
 batches and tasks loads each model once. The models were resolved on the driver, so
 every worker scores the same versions even if an alias moves during the job.
 """
@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..core.gc_pacing import fewer_collections
-from ..core.keyed_scoring import score_keyed
-from ..core.keyed_writes import BackgroundWrites
-from ..core.mlflow_models import IN_PROCESS, ResolvedModel, load_model
-from ..core.predict import PredictCall
-from ..core.scoring import predict_isolating_errors
+from ..core.run.gc_pacing import fewer_collections
+from ..core.tasks.predict.keyed import score_keyed
+from ..core.tasks.predict.keyed_writes import BackgroundWrites
+from ..core.tasks.predict.models import IN_PROCESS, ResolvedModel, load_model
+from ..core.tasks.predict.task import PredictCall
+from ..core.tasks.predict.scoring import predict_isolating_errors
 from ..core.settings import InferenceSettings
 from .worker import client_for
 

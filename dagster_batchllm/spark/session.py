@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from ..context import read_context
-from ..core.call import literal_template
+from ..factories.context import read_context
+from ..core.tasks.chat.call import literal_template
 from ..core.errors import InferenceConfigError
-from ..core.ledger import Ledger
+from ..core.ledger.table import Ledger
 from ..core.settings import InferenceSettings
 from . import active, columns, grouped
 from .budget import SharedTokenBudget, require_shared_store

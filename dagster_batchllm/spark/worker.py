@@ -36,10 +36,10 @@ import pandas as pd
 from ..ai_functions.calls import sendable
 from ..ai_functions.documents import parse_document_value
 from ..ai_functions.outcomes import AIQueryError
-from ..core.call import InferenceCall
+from ..core.tasks.chat.call import InferenceCall
 from ..core.client import InferenceClient
 from ..core.errors import DeferredError, ErrorType, RowError
-from ..core.prompts import iter_row_requests, row_tuples
+from ..core.run.prompts import iter_row_requests, row_tuples
 from ..core.settings import InferenceSettings
 from .budget import SharedTokenBudget
 from .job import (

@@ -17,7 +17,7 @@ import threading
 import weakref
 from typing import Any
 
-from ..context import read_context
+from ..factories.context import read_context
 from ..core.client import InferenceClient
 from ..core.errors import InferenceConfigError
 from ..core.results import InferenceStats

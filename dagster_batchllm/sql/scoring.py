@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from ..core.errors import InferenceConfigError
-from ..core.mlflow_models import looks_like_uri, resolve_models, single_required_input
+from ..core.tasks.predict.models import looks_like_uri, resolve_models, single_required_input
 
 
 def is_scoring_model(settings: Any, name: str) -> bool:

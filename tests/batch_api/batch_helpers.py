@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from dagster_batchllm.core.batch_book import BatchBook
+from dagster_batchllm.core.delivery.batch_api.book import BatchBook
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
 from dagster_batchllm.testing import SimulatedEndpoint

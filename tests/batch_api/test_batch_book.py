@@ -6,8 +6,8 @@ import threading
 
 from batch_helpers import MODEL, PROMPT, batch_stats, book_of, frame
 
-from dagster_batchllm.core.batch_book import BatchBook
-from dagster_batchllm.core.ledger import Ledger
+from dagster_batchllm.core.delivery.batch_api.book import BatchBook
+from dagster_batchllm.core.ledger.table import Ledger
 
 
 def _submission(book: BatchBook, sub: str) -> None:

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 from batch_helpers import MODEL, PROMPT, batch_stats, book_of, frame
 
-from dagster_batchllm.core.batch_waits import waiting_for_batches, waiting_in_ledger
-from dagster_batchllm.core.call import InferenceCall
+from dagster_batchllm.core.delivery.batch_api.waits import waiting_for_batches, waiting_in_ledger
+from dagster_batchllm.core.tasks.chat.call import InferenceCall
 from dagster_batchllm.core.errors import InferenceConfigError
-from dagster_batchllm.core.prompts import iter_row_requests, row_tuples
+from dagster_batchllm.core.run.prompts import iter_row_requests, row_tuples
 
 
 def infer(client, df, **kwargs):
@@ -334,7 +334,7 @@ def test_waiting_logs_each_batch_and_its_request_counts(make_client, caplog):
 
 def test_a_pass_in_slices_submits_a_key_of_two_slices_once_and_names_its_batch(
         held, make_client, monkeypatch):
-    from dagster_batchllm.core import batch_mode
+    from dagster_batchllm.core.delivery.batch_api import mode as batch_mode
 
     monkeypatch.setattr(batch_mode, "_SLICE_ROWS", 40)  # engine runs of 40 rows, one file
     client = make_client(held)
@@ -360,7 +360,8 @@ def test_keys_placed_without_a_lookup_are_decided_from_their_lines_after_all(
     """After a parcel whose keys had no line, the next are put in files without a lookup; a
     key that has a line after all (an answer collected at the pass's start, a row of the same
     key earlier in this pass) gets the outcome a looked-up key gets."""
-    from dagster_batchllm.core import batch_delivery, batch_mode
+    from dagster_batchllm.core.delivery.batch_api import delivery as batch_delivery
+    from dagster_batchllm.core.delivery.batch_api import mode as batch_mode
 
     if assume_new:  # every parcel placed without a lookup, the first too
         made = batch_delivery.BatchDelivery.__init__

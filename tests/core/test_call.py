@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from dagster_batchllm.core.call import InferenceCall, literal_template
+from dagster_batchllm.core.tasks.chat.call import InferenceCall, literal_template
 from dagster_batchllm.core.errors import InferenceConfigError
 
 BASE = InferenceCall(prompt="Summarize: {text}", model="m", output_column="summary")

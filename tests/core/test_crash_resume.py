@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm.core.client import InferenceClient
-from dagster_batchllm.core.ledger import Ledger
+from dagster_batchllm.core.ledger.table import Ledger
 from dagster_batchllm.testing import SimulatedEndpoint, wait_until
 
 ROWS = 2000
@@ -136,9 +136,9 @@ def test_a_new_journal_is_never_folded_by_a_run_starting_at_the_same_moment(tmp_
     import logging
     import types
 
-    from dagster_batchllm.core import journal as journal_module
-    from dagster_batchllm.core.journal import AnswerJournal, fold_abandoned
-    from dagster_batchllm.core.ledger import Ledger
+    from dagster_batchllm.core.ledger import journal as journal_module
+    from dagster_batchllm.core.ledger.journal import AnswerJournal, fold_abandoned
+    from dagster_batchllm.core.ledger.table import Ledger
 
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     directory = tmp_path / ".ledger.db.journal"
@@ -171,7 +171,7 @@ def test_a_journal_of_arrays_folds_into_the_records_it_was_given(tmp_path):
     they were."""
     import logging
 
-    from dagster_batchllm.core.journal import AnswerJournal, fold_abandoned
+    from dagster_batchllm.core.ledger.journal import AnswerJournal, fold_abandoned
 
     def record(key: str, response: str) -> dict:
         return {"request_key": key, "scope": "", "partition_key": "", "model": "m",

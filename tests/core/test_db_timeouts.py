@@ -9,8 +9,8 @@ import traceback
 import pytest
 import sqlalchemy as sa
 
-from dagster_batchllm.core.db_timeouts import libpq_connect_args, round_trips_at_most
-from dagster_batchllm.core.ledger import Ledger
+from dagster_batchllm.core.ledger.db_timeouts import libpq_connect_args, round_trips_at_most
+from dagster_batchllm.core.ledger.table import Ledger
 
 
 def test_libpq_drivers_get_tcp_bounds_and_a_value_in_the_url_wins():

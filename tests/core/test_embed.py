@@ -201,8 +201,8 @@ def test_mistakes_in_the_call_raise_before_sending(fresh, tmp_path):
 def test_replies_are_read_in_index_order_and_odd_ones_are_refused():
     import json as json_module
 
-    from dagster_batchllm.core.embed_call import EmbedCall
-    from dagster_batchllm.core.embeddings import EmbedTask
+    from dagster_batchllm.core.tasks.embed.call import EmbedCall
+    from dagster_batchllm.core.tasks.embed.task import EmbedTask
     from dagster_batchllm.core.errors import MalformedResponseError
 
     def reply(data):
@@ -263,10 +263,10 @@ def test_a_model_column_naming_an_embedding_model_fails_those_rows_in_infer(fres
 
 
 def test_only_strict_base64_replies_are_marked_safe_for_the_journal():
-    from dagster_batchllm.core.embed_call import EmbedCall
-    from dagster_batchllm.core.embeddings import EmbedTask
-    from dagster_batchllm.core.journal import JsonSafeText
-    from dagster_batchllm.core.transport import Completion
+    from dagster_batchllm.core.tasks.embed.call import EmbedCall
+    from dagster_batchllm.core.tasks.embed.task import EmbedTask
+    from dagster_batchllm.core.ledger.journal import JsonSafeText
+    from dagster_batchllm.core.delivery.transport import Completion
 
     task = EmbedTask(EmbedCall(input_column="text", model="m"))
     items = list(task.requests(iter([("a",), ("b",)])))

@@ -8,8 +8,8 @@ import weakref
 
 import pandas as pd
 
-from dagster_batchllm.core import engine, gc_pacing
-from dagster_batchllm.core.gc_pacing import BATCH_THRESHOLDS, RUN_THRESHOLDS, fewer_collections
+from dagster_batchllm.core.run import engine, gc_pacing
+from dagster_batchllm.core.run.gc_pacing import BATCH_THRESHOLDS, RUN_THRESHOLDS, fewer_collections
 
 
 def test_the_thresholds_are_raised_while_any_run_is_active_and_restored_after_the_last():

@@ -15,10 +15,10 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm import InferenceConfigError
-from dagster_batchllm.core.call import InferenceCall
+from dagster_batchllm.core.tasks.chat.call import InferenceCall
 from dagster_batchllm.core.errors import RowError
-from dagster_batchllm.core.images import image_tokens
-from dagster_batchllm.core.prompts import iter_row_requests
+from dagster_batchllm.core.tasks.chat.images import image_tokens
+from dagster_batchllm.core.run.prompts import iter_row_requests
 from dagster_batchllm.testing import png_bytes
 
 MODEL = "sim-model"

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm import BatchInferenceResource, Endpoint, InferenceConfigError
-from dagster_batchllm.core.call import InferenceCall
+from dagster_batchllm.core.tasks.chat.call import InferenceCall
 from dagster_batchllm.core.client import InferenceClient
-from dagster_batchllm.core.prompts import iter_row_requests
-from dagster_batchllm.core.transport import openai_http_library
+from dagster_batchllm.core.run.prompts import iter_row_requests
+from dagster_batchllm.core.delivery.transport import openai_http_library
 from dagster_batchllm.simulator.state import tokens
 from dagster_batchllm.testing import SimulatedEndpoint
 

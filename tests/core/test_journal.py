@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dagster_batchllm.core import journal as journal_module
-from dagster_batchllm.core.journal import AnswerJournal, read_records
+from dagster_batchllm.core.ledger import journal as journal_module
+from dagster_batchllm.core.ledger.journal import AnswerJournal, read_records
 
 
 def _record(i: int, **extra) -> dict:
@@ -26,7 +26,7 @@ def test_a_large_append_is_written_in_pieces_and_reads_back_whole(tmp_path):
 
 
 def test_json_safe_text_goes_in_as_it_is_and_other_text_is_escaped(tmp_path):
-    from dagster_batchllm.core.journal import JsonSafeText
+    from dagster_batchllm.core.ledger.journal import JsonSafeText
 
     journal = AnswerJournal(tmp_path)
     vector_text = JsonSafeText("AACAPwAAAEA=")  # base64: nothing to escape

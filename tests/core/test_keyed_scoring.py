@@ -11,16 +11,16 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm.core.client import InferenceClient
-from dagster_batchllm.core.keyed_scoring import counters, request_keys, score_keyed
-from dagster_batchllm.core.keyed_writes import BackgroundWrites
-from dagster_batchllm.core.mlflow_models import resolve_models
-from dagster_batchllm.core.predict import PredictCall, PredictTask
-from dagster_batchllm.core.prompts import row_tuples
+from dagster_batchllm.core.tasks.predict.keyed import counters, request_keys, score_keyed
+from dagster_batchllm.core.tasks.predict.keyed_writes import BackgroundWrites
+from dagster_batchllm.core.tasks.predict.models import resolve_models
+from dagster_batchllm.core.tasks.predict.task import PredictCall, PredictTask
+from dagster_batchllm.core.run.prompts import row_tuples
 from dagster_batchllm.core.settings import InferenceSettings, MlflowModelSpec
 
 pytest.importorskip("mlflow")
 
-from dagster_batchllm.testing.mlflow_registry import feature_frame, fit_risk_model
+from dagster_batchllm.simulator.mlflow_registry import feature_frame, fit_risk_model
 
 FEATURES = ["f1", "f2"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from dagster_batchllm.core.ledger import Ledger
+from dagster_batchllm.core.ledger.table import Ledger
 
 
 def record(key: str, status: str, response: str | None = None, **fields) -> dict:

@@ -11,12 +11,12 @@ import pytest
 
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.errors import InferenceConfigError
-from dagster_batchllm.core.mlflow_models import load_counts
+from dagster_batchllm.core.tasks.predict.models import load_counts
 from dagster_batchllm.core.settings import InferenceSettings, MlflowModelSpec
 
 pytest.importorskip("mlflow")
 
-from dagster_batchllm.testing.mlflow_registry import (
+from dagster_batchllm.simulator.mlflow_registry import (
     feature_frame,
     fit_risk_model,
     two_risk_versions,

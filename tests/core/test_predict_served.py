@@ -13,7 +13,7 @@ from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings, Mlfl
 
 pytest.importorskip("mlflow")
 
-from dagster_batchllm.testing.mlflow_registry import (
+from dagster_batchllm.simulator.mlflow_registry import (
     ModelServer,
     feature_frame,
     fit_risk_model,

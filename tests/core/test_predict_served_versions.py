@@ -11,12 +11,12 @@ import pytest
 
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.errors import InferenceConfigError
-from dagster_batchllm.core.ledger import Ledger
+from dagster_batchllm.core.ledger.table import Ledger
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
 
 pytest.importorskip("mlflow")
 
-from dagster_batchllm.testing.mlflow_registry import (
+from dagster_batchllm.simulator.mlflow_registry import (
     ModelServer,
     feature_frame,
     fit_risk_model,

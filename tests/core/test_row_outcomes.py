@@ -11,7 +11,7 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from dagster_batchllm.core.call import InferenceCall
+from dagster_batchllm.core.tasks.chat.call import InferenceCall
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.errors import (
     ErrorType,
@@ -19,10 +19,10 @@ from dagster_batchllm.core.errors import (
     StructuredOutputError,
     classify_http_error,
 )
-from dagster_batchllm.core.outputs import ReplyParser, cut_off_hint
-from dagster_batchllm.core.prompts import iter_row_requests
-from dagster_batchllm.core.retries import RetryPolicy
-from dagster_batchllm.core.transport import _connection_error, _timeout_error
+from dagster_batchllm.core.tasks.chat.outputs import ReplyParser, cut_off_hint
+from dagster_batchllm.core.run.prompts import iter_row_requests
+from dagster_batchllm.core.delivery.retries import RetryPolicy
+from dagster_batchllm.core.delivery.transport import _connection_error, _timeout_error
 
 MODEL = "sim-model"
 

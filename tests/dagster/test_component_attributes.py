@@ -14,7 +14,7 @@ import yaml
 from dagster.components.testing import create_defs_folder_sandbox
 
 from dagster_batchllm import BatchInferenceComponent, BatchInferenceResource, build_inference_asset
-from dagster_batchllm.core.call import InferenceCall
+from dagster_batchllm.core.tasks.chat.call import InferenceCall
 
 pytestmark = pytest.mark.timeout(60)
 

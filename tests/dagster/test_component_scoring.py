@@ -18,7 +18,7 @@ from dagster_batchllm import ModelScoringComponent
 
 pytest.importorskip("mlflow")
 
-from dagster_batchllm.testing.mlflow_registry import (
+from dagster_batchllm.simulator.mlflow_registry import (
     feature_frame,
     fit_risk_model,
     two_risk_versions,

@@ -11,7 +11,7 @@ import dagster as dg
 import pytest
 
 from dagster_batchllm import Ledger, ModelPrice
-from dagster_batchllm.checks import CHECK_NAMES
+from dagster_batchllm.factories.checks import CHECK_NAMES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:  # the example code location lives at the repository root

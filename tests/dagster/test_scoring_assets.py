@@ -11,7 +11,7 @@ from dagster._core.definitions.data_version import StaleStatus
 from dagster._utils.test.data_versions import get_stale_status_resolver
 
 from dagster_batchllm import BatchInferenceResource, MlflowModel
-from dagster_batchllm.scoring_assets import (
+from dagster_batchllm.factories.scoring import (
     build_model_alias_sensor,
     build_model_version_asset,
     build_scoring_asset,
@@ -19,7 +19,7 @@ from dagster_batchllm.scoring_assets import (
 
 pytest.importorskip("mlflow")
 
-from dagster_batchllm.testing.mlflow_registry import (
+from dagster_batchllm.simulator.mlflow_registry import (
     feature_frame,
     fit_risk_model,
     two_risk_versions,

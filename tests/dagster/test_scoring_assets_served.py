@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm import BatchInferenceResource, Endpoint
-from dagster_batchllm.scoring_assets import build_model_version_asset, build_scoring_asset
+from dagster_batchllm.factories.scoring import build_model_version_asset, build_scoring_asset
 
 pytest.importorskip("mlflow")
 
-from dagster_batchllm.testing.mlflow_registry import (
+from dagster_batchllm.simulator.mlflow_registry import (
     ModelServer,
     feature_frame,
     fit_risk_model,

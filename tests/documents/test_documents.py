@@ -8,7 +8,7 @@ import hashlib
 import pandas as pd
 import pytest
 
-from dagster_batchllm.core.images import image_size
+from dagster_batchllm.core.tasks.chat.images import image_size
 from dagster_batchllm.documents import DocumentError, Page, encode_png, parse_document
 from dagster_batchllm.documents.samples import encrypted_pdf, scanned_pdf, text_pdf
 

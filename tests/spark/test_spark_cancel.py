@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import sqlalchemy as sa
 
-from dagster_batchllm.core.journal import read_records
+from dagster_batchllm.core.ledger.journal import read_records
 from dagster_batchllm.core.settings import EndpointSpec
 from dagster_batchllm.spark import ai_query_col, register_ai_functions
 from dagster_batchllm.testing import SimulatedEndpoint

@@ -16,7 +16,7 @@ pytest.importorskip("mlflow")
 
 import mlflow
 import mlflow.pyfunc
-from dagster_batchllm.testing.mlflow_registry import (
+from dagster_batchllm.simulator.mlflow_registry import (
     feature_frame,
     fit_risk_model,
 )
@@ -43,7 +43,7 @@ def _frame(rows: int, seed: int) -> pd.DataFrame:
 
 
 def test_model_udf_matches_mlflow_spark_udf_row_for_row(spark, settings, mlflow_registry):
-    from dagster_batchllm.core.mlflow_models import mlflow_uris
+    from dagster_batchllm.core.tasks.predict.models import mlflow_uris
 
     df = spark.createDataFrame(_frame(600, seed=41)).repartition(3)
 
@@ -54,7 +54,7 @@ def test_model_udf_matches_mlflow_spark_udf_row_for_row(spark, settings, mlflow_
                                               env_manager="local")
     seed = df.withColumn("prediction", predict_udf(*FEATURES)).toPandas()
 
-    from dagster_batchllm.core.ledger import Ledger
+    from dagster_batchllm.core.ledger.table import Ledger
 
     ours = df.withColumn("prediction", model_udf(spark, "risk", settings)(*FEATURES))
     ours = ours.select("row_id", "prediction.result", "prediction.errorMessage").toPandas()
@@ -162,7 +162,7 @@ def test_predict_grouped_matches_the_seeds_apply_in_pandas_and_loads_once_per_wo
     assert sum(seed_loads.values()) == 3  # one group per model, one load per group
     log.unlink()
 
-    from dagster_batchllm.core.ledger import Ledger
+    from dagster_batchllm.core.ledger.table import Ledger
 
     ours = predict_grouped(df, model_column="model_path", input_columns=FEATURES, llm=settings,
                            output_column="pred", buckets_per_model=4).toPandas()
@@ -207,7 +207,7 @@ def test_spark_sql_ai_query_on_a_registered_model_with_named_struct(spark, setti
 
 def test_model_udf_and_predict_share_the_ledger_and_a_rerun_scores_nothing(spark, settings):
     from dagster_batchllm.core.client import InferenceClient
-    from dagster_batchllm.core.ledger import Ledger
+    from dagster_batchllm.core.ledger.table import Ledger
 
     frame = _frame(400, seed=45)
     with InferenceClient(settings) as client:  # predict() scores the first 150 rows
@@ -238,7 +238,7 @@ def test_model_udf_on_a_served_model_keys_its_declared_version_as_predict_does(
         spark, mlflow_registry, tmp_path):
     """Served through the pool from the executors with the driver's resolution of the
     endpoint's served_model_uri: predict() afterwards finds every row under the same keys."""
-    from dagster_batchllm.testing.mlflow_registry import ModelServer
+    from dagster_batchllm.simulator.mlflow_registry import ModelServer
 
     from dagster_batchllm.core.client import InferenceClient
     from dagster_batchllm.core.settings import EndpointSpec
@@ -280,7 +280,7 @@ def test_a_double_column_is_one_array_and_anything_else_goes_row_by_row():
 def test_model_udf_over_one_feature_column(spark, mlflow_registry, qa_bot_models, tmp_path):
     """One feature reaches the worker as a Series, not a tuple of them (Spark's iterator UDF
     passes a lone column as it is): the custom QA model over its one required input."""
-    from dagster_batchllm.core.mlflow_models import mlflow_uris
+    from dagster_batchllm.core.tasks.predict.models import mlflow_uris
 
     settings = InferenceSettings(endpoints=(), store_url=f"sqlite:///{tmp_path / 'l.db'}",
                                  **qa_bot_models)

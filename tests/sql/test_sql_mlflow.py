@@ -17,7 +17,7 @@ from dagster_batchllm.sql import execute, register_ai_functions
 
 pytest.importorskip("mlflow")
 
-from dagster_batchllm.testing.mlflow_registry import (
+from dagster_batchllm.simulator.mlflow_registry import (
     LocalRegistry,
     feature_frame,
     fit_intent_model,

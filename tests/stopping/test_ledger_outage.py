@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from dagster_batchllm.core.client import InferenceClient
-from dagster_batchllm.core.ledger_writer import LedgerUnwritable
+from dagster_batchllm.core.ledger.writer import LedgerUnwritable
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
 from dagster_batchllm.testing import SimulatedEndpoint, wait_until
 from tests.stopping.tcp_proxy import CuttableProxy

@@ -22,9 +22,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-from .delivery import Attempts, SendsParcels
-from .errors import ErrorType, InternalError, RowError
-from .prompts import RowRequest
+from .online import Attempts, SendsParcels
+from ..errors import ErrorType, InternalError, RowError
+from ..run.prompts import RowRequest
 from .transport import Completion
 
 # Errors a single item may cause; a group failing with one of them is split to find it.

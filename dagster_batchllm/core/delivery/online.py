@@ -14,18 +14,18 @@ import logging
 import time
 from typing import Any, Protocol
 
-from .errors import (
+from ..errors import (
     ContextLengthExceededError,
     EndpointError,
     EndpointUnreachableError,
     RowError,
     UnsupportedModelError,
 )
-from .ledger_writer import LedgerWriter
+from ..ledger.writer import LedgerWriter
 from .pool import EndpointPool
-from .prompts import RowRequest
+from ..run.prompts import RowRequest
 from .retries import RetryPolicy
-from .settings import InferenceSettings
+from ..settings import InferenceSettings
 from .transport import CHAT_ROUTE, EMBEDDINGS_ROUTE, Completion, ReplyParser, Transport
 
 

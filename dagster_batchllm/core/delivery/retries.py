@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .settings import InferenceSettings
+from ..settings import InferenceSettings
 
 
 @dataclass(frozen=True, slots=True)

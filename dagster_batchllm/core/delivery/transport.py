@@ -22,15 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .errors import (
+from ..errors import (
     EndpointError,
     ErrorType,
     InferenceConfigError,
     MalformedResponseError,
     classify_http_error,
 )
-from .prompts import RowRequest
-from .settings import EndpointSpec
+from ..run.prompts import RowRequest
+from ..settings import EndpointSpec
 
 
 @dataclass(slots=True)

@@ -28,7 +28,7 @@ try:
 except ImportError:  # Windows: no journal (the ledger's batches are all there is)
     fcntl = None  # type: ignore[assignment]
 
-from .ledger import Ledger
+from .table import Ledger
 from .stores import redact_url
 
 _SUFFIX = ".jsonl"

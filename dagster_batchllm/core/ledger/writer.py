@@ -23,7 +23,7 @@ import tenacity
 
 from .db_timeouts import round_trips_at_most
 from .journal import AnswerJournal
-from .ledger import OK, Ledger
+from .table import OK, Ledger
 from .stores import redact_url
 
 _WARN_EVERY_S = 10.0  # while writes fail, one warning per this many seconds

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 
 
 def cell_text(value: Any, column: str, as_text: bool = False) -> str:

@@ -41,7 +41,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .key_lists import KeyList
+from ..ledger.key_lists import KeyList
 
 _HOST = socket.gethostname()[:32]
 _BATCH = 500

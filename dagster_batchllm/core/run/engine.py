@@ -26,22 +26,22 @@ import time
 from array import array
 from typing import Any
 
-from .call import InferenceCall
-from .delivery import Attempts, Delivery, OnlineDelivery
-from .errors import DeferredError, ErrorType, InternalError, RowError
+from ..tasks.chat.call import InferenceCall
+from ..delivery.online import Attempts, Delivery, OnlineDelivery
+from ..errors import DeferredError, ErrorType, InternalError, RowError
 from .gc_pacing import fewer_collections
-from .journal import AnswerJournal, fold_abandoned, journal_dir_for
-from .ledger import DEFERRED, FAILED, OK, Ledger
-from .ledger_writer import LedgerUnwritable, LedgerWriter
-from .limits import TokenBudget
-from .pool import EndpointPool
+from ..ledger.journal import AnswerJournal, fold_abandoned, journal_dir_for
+from ..ledger.table import DEFERRED, FAILED, OK, Ledger
+from ..ledger.writer import LedgerUnwritable, LedgerWriter
+from ..delivery.limits import TokenBudget
+from ..delivery.pool import EndpointPool
 from .prompts import RowRequest, row_tuples
-from .results import InferenceStats, RowStatus
-from .run_coordination import RunCoordination
-from .run_figures import Progress, estimate_cost, finish_stats
-from .settings import InferenceSettings
-from .tasks import ChatTask, Task
-from .transport import Transport, make_transport
+from ..results import InferenceStats, RowStatus
+from .coordination import RunCoordination
+from .figures import Progress, estimate_cost, finish_stats
+from ..settings import InferenceSettings
+from ..tasks.chat.task import ChatTask, Task
+from ..delivery.transport import Transport, make_transport
 
 _MAX_WORKERS = 8192
 # A stopping run (cancelled, interrupted, terminated) writes its answers for at most this long;

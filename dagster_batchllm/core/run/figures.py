@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from .results import InferenceStats, RowStatus
-from .settings import InferenceSettings
+from ..results import InferenceStats, RowStatus
+from ..settings import InferenceSettings
 
 
 class Progress:

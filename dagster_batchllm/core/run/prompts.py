@@ -3,7 +3,7 @@
 A request is serialized once, canonically (sorted keys, no whitespace); that byte string is both
 the HTTP body and, hashed, the request key. So the key covers exactly what the server sees:
 model, messages and every generation parameter. What to render comes from an
-:class:`~dagster_batchllm.core.call.InferenceCall`.
+:class:`~dagster_batchllm.core.tasks.chat.call.InferenceCall`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from itertools import islice
 from json.encoder import encode_basestring
 from typing import Any
 
-from .call import InferenceCall
+from ..tasks.chat.call import InferenceCall
 from .cells import cell_text, messages_from_cell
-from .errors import InvalidInputError, RowError
-from .images import image_parts
+from ..errors import InvalidInputError, RowError
+from ..tasks.chat.images import image_parts
 
 # Reservations must never be below what the server will count. Byte-level BPE and SentencePiece
 # with byte fallback emit at most one token per UTF-8 byte, plus a few chat-template tokens per

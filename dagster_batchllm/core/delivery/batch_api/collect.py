@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator
 from itertools import starmap
 from typing import Any
 
-from .batch_book import (
+from .book import (
     COLLECTED,
     COLLECTING,
     ENDED,
@@ -42,11 +42,11 @@ from .batch_book import (
     SUBMITTING,
     BatchBook,
 )
-from .batch_lines import AnswerBlock
-from .batch_protocol import BatchProtocol, BatchStatus, LineResult
-from .batch_tables import counts_text, owner_alive, owner_id
-from .errors import ErrorType, InferenceConfigError, RowError
-from .transport import CHAT_ROUTE, completion_from_payload
+from .lines import AnswerBlock
+from .protocol import BatchProtocol, BatchStatus, LineResult
+from .tables import counts_text, owner_alive, owner_id
+from ...errors import ErrorType, InferenceConfigError, RowError
+from ..transport import CHAT_ROUTE, completion_from_payload
 
 # How a route's replies are read into an answered line (the chat completion's text and usage):
 # once, when its batch is collected, not again by the pass that hands it to the engine.

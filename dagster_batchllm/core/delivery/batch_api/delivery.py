@@ -36,16 +36,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .batch_book import COLLECTED, LINE_OK, SUBMIT_FAILED, BatchBook
-from .batch_protocol import BatchProtocol
-from .batch_spool import NOT_YET_SUBMITTED, Gatherer, Spool, waiting_for
-from .batch_tables import owner_id
-from .delivery import SendsParcels
-from .errors import DeferredError, ErrorType, RowError, UnsupportedModelError
-from .limits import TokenBudget
-from .prompts import RowRequest
-from .settings import EndpointSpec, InferenceSettings
-from .transport import Completion, ReplyParser
+from .book import COLLECTED, LINE_OK, SUBMIT_FAILED, BatchBook
+from .protocol import BatchProtocol
+from .spool import NOT_YET_SUBMITTED, Gatherer, Spool, waiting_for
+from .tables import owner_id
+from ..online import SendsParcels
+from ...errors import DeferredError, ErrorType, RowError, UnsupportedModelError
+from ..limits import TokenBudget
+from ...run.prompts import RowRequest
+from ...settings import EndpointSpec, InferenceSettings
+from ..transport import Completion, ReplyParser
 
 # Keys per book transaction: a commit writes every page its inserts touched, so a larger one
 # (in key order, see in_key_order) shares pages among more of them.

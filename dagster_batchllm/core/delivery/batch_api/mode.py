@@ -27,19 +27,19 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .batch_book import COLLECTED, SUBMIT_FAILED, BatchBook
-from .batch_collect import BatchCollector, progress_line
-from .batch_delivery import BatchDelivery, batch_name
-from .batch_protocol import protocol_for
-from .call import InferenceCall
-from .engine import InferenceRun
-from .errors import InferenceConfigError
-from .gc_pacing import BATCH_THRESHOLDS, fewer_collections
-from .ledger import DEFERRED
-from .limits import TokenBudget
-from .results import InferenceStats, RowStatus
-from .run_figures import estimate_cost
-from .tasks import ChatTask
+from .book import COLLECTED, SUBMIT_FAILED, BatchBook
+from .collect import BatchCollector, progress_line
+from .delivery import BatchDelivery, batch_name
+from .protocol import protocol_for
+from ...tasks.chat.call import InferenceCall
+from ...run.engine import InferenceRun
+from ...errors import InferenceConfigError
+from ...run.gc_pacing import BATCH_THRESHOLDS, fewer_collections
+from ...ledger.table import DEFERRED
+from ..limits import TokenBudget
+from ...results import InferenceStats, RowStatus
+from ...run.figures import estimate_cost
+from ...tasks.chat.task import ChatTask
 
 MODES = ("online", "batch_api")
 ENDED_HERE = (COLLECTED, SUBMIT_FAILED)  # batches with nothing more to collect

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .batch_lines import AnswerBlock, chat_answer_block, line_blocks
-from .errors import RowError, classify_http_error
-from .settings import EndpointSpec
-from .transport import CHAT_ROUTE
+from .lines import AnswerBlock, chat_answer_block, line_blocks
+from ...errors import RowError, classify_http_error
+from ...settings import EndpointSpec
+from ..transport import CHAT_ROUTE
 
 #: Metadata key under which a batch carries its submission id, so a run that crashed between
 #: creating the batch and recording its id finds it again.
@@ -197,7 +197,7 @@ class OpenAIBatchProtocol:
 
     def api_error(self, exc: BaseException) -> RowError:
         """A failed upload or create as the row error of its lines."""
-        from .errors import EndpointError, ErrorType
+        from ...errors import EndpointError, ErrorType
 
         openai = self._openai
         if isinstance(exc, openai.APIStatusError):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import DeferredError
+from ...errors import DeferredError
 
 #: Rows deferred into a file not yet submitted say this, then the submission id; once the batch
 #: is created the message is rewritten to name the provider's batch id.

@@ -15,8 +15,8 @@ import re
 
 import sqlalchemy as sa
 
-from .batch_book import BatchBook
-from .ledger import DEFERRED, Ledger
+from .book import BatchBook
+from ...ledger.table import DEFERRED, Ledger
 
 _WAIT_NAME = re.compile(r"waiting for batch (?:\(file )?([A-Za-z0-9_\-]+)")
 

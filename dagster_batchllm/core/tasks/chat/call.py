@@ -25,10 +25,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InferenceConfigError, InvalidInputError
+from ...errors import InferenceConfigError, InvalidInputError
 from .images import DEFAULT_MAX_IMAGE_BYTES, IMAGE_DETAILS, image_columns
-from .settings import described
-from .stores import validate_identifier
+from ...settings import described
+from ...ledger.stores import validate_identifier
 
 # The OpenAI chat parameters a call may set besides max_tokens and temperature.
 GENERATION_PARAMS = (

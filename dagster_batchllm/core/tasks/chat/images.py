@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidInputError
+from ...errors import InvalidInputError
 
 DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024  # OpenAI's limit per image
 IMAGE_DETAILS = ("auto", "low", "high")

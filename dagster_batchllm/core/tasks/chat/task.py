@@ -14,13 +14,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .call import InferenceCall
-from .errors import RowError, StructuredOutputError
+from ...errors import RowError, StructuredOutputError
 from .outputs import ReplyParser, cut_off_hint
-from .prompts import RowRequest, iter_row_requests
-from .transport import CHAT_ROUTE, Completion, parse_completion
+from ...run.prompts import RowRequest, iter_row_requests
+from ...delivery.transport import CHAT_ROUTE, Completion, parse_completion
 
 if TYPE_CHECKING:
-    from .delivery import Delivery
+    from ...delivery.online import Delivery
 
 
 class Task(Protocol):

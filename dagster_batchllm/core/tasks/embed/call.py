@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .call import check_template, template_fields
-from .errors import InferenceConfigError
-from .settings import described
-from .stores import validate_identifier
+from ..chat.call import check_template, template_fields
+from ...errors import InferenceConfigError
+from ...settings import described
+from ...ledger.stores import validate_identifier
 
 # OpenAI takes up to 2048 inputs per request; vLLM and TEI batch whatever they are sent.
 MAX_INPUTS_PER_REQUEST = 2048

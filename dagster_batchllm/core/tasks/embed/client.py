@@ -10,16 +10,16 @@ import asyncio
 import math
 from typing import TYPE_CHECKING, Any
 
-from .embed_call import EmbedCall
-from .embeddings import EmbedTask
-from .engine import InferenceRun
-from .errors import InferenceConfigError
-from .prompts import distinct_requests, row_tuples
-from .results import InferenceEstimate, InferenceResult
-from .run_figures import estimate_cost
+from .call import EmbedCall
+from .task import EmbedTask
+from ...run.engine import InferenceRun
+from ...errors import InferenceConfigError
+from ...run.prompts import distinct_requests, row_tuples
+from ...results import InferenceEstimate, InferenceResult
+from ...run.figures import estimate_cost
 
 if TYPE_CHECKING:
-    from .client import InferenceClient
+    from ...client import InferenceClient
 
 _MAX_ROOM = 8192
 

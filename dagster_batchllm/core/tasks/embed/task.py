@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from .cells import cell_text
-from .embed_call import EmbedCall
-from .errors import (
+from ...run.cells import cell_text
+from .call import EmbedCall
+from ...errors import (
     ContextLengthExceededError,
     EndpointError,
     ErrorType,
@@ -37,10 +37,10 @@ from .errors import (
     MalformedResponseError,
     RowError,
 )
-from .grouping import GroupingDelivery
-from .journal import JsonSafeText
-from .prompts import RowRequest, render_template
-from .transport import EMBEDDINGS_ROUTE, Completion, json_reply
+from ...delivery.grouping import GroupingDelivery
+from ...ledger.journal import JsonSafeText
+from ...run.prompts import RowRequest, render_template
+from ...delivery.transport import EMBEDDINGS_ROUTE, Completion, json_reply
 
 # What one input adds to a request's token bound besides its bytes (a BOS/EOS pair or so).
 _TOKENS_PER_INPUT = 4

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .engine import InferenceRun
-from .errors import InferenceConfigError
-from .mlflow_models import IN_PROCESS, ResolvedModel, input_problem, load_model, resolve_models
-from .mlflow_models import short_error as _short
-from .predict import PredictCall, PredictionResult, PredictTask
+from ...run.engine import InferenceRun
+from ...errors import InferenceConfigError
+from .models import IN_PROCESS, ResolvedModel, input_problem, load_model, resolve_models
+from .models import short_error as _short
+from .task import PredictCall, PredictionResult, PredictTask
 from .scoring import InProcessScoring
 
 _CALL_FIELDS = {"input_columns", "model", "model_column", "output_column", "error_column",

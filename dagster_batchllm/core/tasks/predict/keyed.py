@@ -29,12 +29,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidInputError, RowError, UnsupportedModelError
+from ...errors import InvalidInputError, RowError, UnsupportedModelError
 from .keyed_writes import MISSING, BackgroundWrites, write_records
-from .ledger import FAILED, OK, Ledger
-from .mlflow_models import IN_PROCESS, ResolvedModel, load_model, short_error
-from .predict import PredictCall, PredictTask
-from .prompts import row_tuples
+from ...ledger.table import FAILED, OK, Ledger
+from .models import IN_PROCESS, ResolvedModel, load_model, short_error
+from .task import PredictCall, PredictTask
+from ...run.prompts import row_tuples
 from .scoring import IN_PROCESS_ENDPOINT, predict_rows
 
 #: What this process scored this way (a Spark Python worker's own figures; tests read them).
@@ -206,7 +206,7 @@ def _score_missing(model: ResolvedModel, frame: Any, call: PredictCall,
             try:
                 response = dumps(prediction)
             except (TypeError, ValueError) as exc:
-                from .errors import MalformedResponseError
+                from ...errors import MalformedResponseError
 
                 problem = MalformedResponseError(f"a prediction is not JSON data: {exc}")
         if problem is None:

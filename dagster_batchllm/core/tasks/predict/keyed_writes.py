@@ -22,8 +22,8 @@ from typing import Any
 
 import tenacity
 
-from .ledger import Ledger
-from .ledger_writer import database_away
+from ...ledger.table import Ledger
+from ...ledger.writer import database_away
 
 MISSING = object()
 

@@ -26,8 +26,8 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .errors import InferenceConfigError
-from .settings import EndpointSpec, InferenceSettings, MlflowModelSpec
+from ...errors import InferenceConfigError
+from ...settings import EndpointSpec, InferenceSettings, MlflowModelSpec
 
 IN_PROCESS, SERVED = "in_process", "served"
 _MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<ref>[^/]+))?/?$")

@@ -18,10 +18,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import InvalidInputError, MalformedResponseError, RowError, UnsupportedModelError
-from .mlflow_models import IN_PROCESS, ResolvedModel, load_model, short_error
-from .prompts import RowRequest
-from .transport import Completion
+from ...errors import InvalidInputError, MalformedResponseError, RowError, UnsupportedModelError
+from .models import IN_PROCESS, ResolvedModel, load_model, short_error
+from ...run.prompts import RowRequest
+from ...delivery.transport import Completion
 
 IN_PROCESS_ENDPOINT = "in-process"
 

@@ -18,17 +18,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import InferenceConfigError, InvalidInputError, MalformedResponseError, RowError
-from .grouping import GroupingDelivery
-from .mlflow_models import SERVED, ResolvedModel
-from .prompts import RowRequest
-from .results import InferenceResult
+from ...errors import InferenceConfigError, InvalidInputError, MalformedResponseError, RowError
+from ...delivery.grouping import GroupingDelivery
+from .models import SERVED, ResolvedModel
+from ...run.prompts import RowRequest
+from ...results import InferenceResult
 from .scoring import ScoringRouter, plain_value
-from .stores import validate_identifier
-from .transport import Completion, json_reply
+from ...ledger.stores import validate_identifier
+from ...delivery.transport import Completion, json_reply
 
 if TYPE_CHECKING:
-    from .delivery import Delivery
+    from ...delivery.online import Delivery
 
 INVOCATIONS_ROUTE = "/invocations"
 INPUT_FORMATS = ("dataframe_split", "dataframe_records", "inputs")
@@ -221,7 +221,7 @@ class PredictTask:
 
 
 def _unusable(ref: str, model: ResolvedModel | None) -> RowError:
-    from .errors import UnsupportedModelError
+    from ...errors import UnsupportedModelError
 
     return UnsupportedModelError(model.error if model is not None else
                                  f"unknown model '{ref}'")
