@@ -1,6 +1,9 @@
-"""``InferenceClient``: the whole inference core behind two calls, ``infer`` and ``estimate``.
+"""``InferenceClient``: the whole inference core behind one entry point for every job.
 
-It imports no dagster, so plain scripts, the SQL functions and Spark executors use it directly;
+``infer`` (chat), ``embed`` and ``predict`` are doors onto :meth:`InferenceClient.arun_call`,
+which runs any call whose task is registered (:mod:`.tasks.base`) online or through a
+provider's batch API; ``estimate`` is the dry run of any of them. It imports no dagster, so
+plain scripts, the SQL functions and Spark executors use it directly;
 ``BatchInferenceResource`` is a thin Dagster door onto it.
 """
 
@@ -9,24 +12,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+import pandas as pd
+
 from .delivery.batch_api.mode import BatchModeCall, check_mode
-from .tasks.chat.call import InferenceCall
-from .tasks.embed.call import EmbedCall
-from .tasks.embed.client import embed_frame, estimate_embeddings
-from .run.engine import InferenceRun
+from .delivery.online import OnlineDelivery
+from .delivery.pool import EndpointPool
+from .delivery.transport import make_transport
 from .errors import InferenceConfigError
 from .ledger.table import Ledger
-from .delivery.pool import EndpointPool
-from .run.prompts import distinct_requests, iter_row_requests, row_tuples
 from .results import InferenceEstimate, InferenceResult
+from .run.engine import InferenceRun
 from .run.figures import estimate_cost
+from .run.prompts import distinct_requests, row_tuples
 from .settings import InferenceSettings
+from .tasks.base import CallBase, Task, task_type_for
+from .tasks.chat.call import InferenceCall
+from .tasks.chat.task import ChatTask  # noqa: F401  (registers the chat job)
+from .tasks.embed.call import EmbedCall
+from .tasks.embed.task import EmbedTask  # noqa: F401  (registers the embeddings job)
+from .tasks.predict.task import PredictCall, PredictTask  # noqa: F401  (registers predict)
 
 log = logging.getLogger("dagster_batchllm")
 Result = TypeVar("Result")
@@ -89,94 +100,128 @@ class InferenceClient:
         """Sync door to :meth:`ainfer`."""
         return run_sync(self.ainfer(df, call, **kwargs))
 
-    async def ainfer(
-        self,
-        df: Any,
-        call: InferenceCall | None = None,
-        /,
-        *,
-        run_id: str | None = None,
-        supersede_stale: bool = False,
-        collect_keys: bool = False,
-        logger: Any = None,
-        mode: str = "online",
-        wait: bool = True,
-        **call_fields: Any,
-    ) -> InferenceResult:
-        """One output per row of ``df``; failures are data in the error column.
+    async def ainfer(self, df: Any, call: InferenceCall | None = None, /, *,
+                     run_id: str | None = None, supersede_stale: bool = False,
+                     collect_keys: bool = False, logger: Any = None, mode: str = "online",
+                     wait: bool = True, **call_fields: Any) -> InferenceResult:
+        """One chat answer per row of ``df``; failures are data in the error column.
 
         ``call`` (an :class:`InferenceCall`) says what to send; ``call_fields`` are its fields
         (``prompt=``, ``model=``, ``output_column=``, ``max_tokens=``, ...; other names are
         generation parameters such as ``top_p=``), set on top of ``call`` or on their own.
+        The other keywords are :meth:`arun_call`'s."""
+        return await self.arun_call(
+            df, InferenceCall.of(call, **call_fields), run_id=run_id,
+            supersede_stale=supersede_stale, collect_keys=collect_keys, logger=logger,
+            mode=mode, wait=wait)
+
+    def embed(self, df: Any, call: EmbedCall | None = None, /, **kwargs: Any
+              ) -> InferenceResult:
+        """Sync door to :meth:`aembed`."""
+        return run_sync(self.aembed(df, call, **kwargs))
+
+    async def aembed(self, df: Any, call: EmbedCall | None = None, /, *,
+                     run_id: str | None = None, supersede_stale: bool = False,
+                     collect_keys: bool = False, logger: Any = None, mode: str = "online",
+                     wait: bool = True, **call_fields: Any) -> InferenceResult:
+        """One float32 vector (a 1-D numpy array) per row of ``df``; failures are data in the
+        error column. ``call`` (an :class:`~.tasks.embed.call.EmbedCall`) or its fields as
+        keywords: ``input=`` (a template) or ``input_column=``, ``model=``,
+        ``output_column=``, ``dimensions=``, ``inputs_per_request=`` ...; the other keywords
+        are :meth:`arun_call`'s (``mode="batch_api"`` sends one line per row)."""
+        return await self.arun_call(
+            df, EmbedCall.of(call, **call_fields), run_id=run_id,
+            supersede_stale=supersede_stale, collect_keys=collect_keys, logger=logger,
+            mode=mode, wait=wait)
+
+    def predict(self, df: Any, call: PredictCall | None = None, /, **kwargs: Any) -> Any:
+        """Sync door to :meth:`apredict`."""
+        return run_sync(self.apredict(df, call, **kwargs))
+
+    async def apredict(self, df: Any, call: PredictCall | None = None, /, *,
+                       run_id: str | None = None, logger: Any = None,
+                       supersede_stale: bool = False, models: Any = None,
+                       **call_fields: Any) -> Any:
+        """One prediction per row of ``df`` from an MLflow model (in process or served):
+        ``model=`` or ``model_column=``, ``input_columns=[...]``, ``output_column=``; failures
+        are data in ``<output>_error``. ``models``: resolved already (a Spark executor gets
+        them from the driver). Returns a :class:`~.tasks.predict.task.PredictionResult`."""
+        return await self.arun_call(
+            df, PredictCall.of(call, **call_fields), run_id=run_id, logger=logger,
+            supersede_stale=supersede_stale, task_options={"models": models})
+
+    def run_call(self, df: Any, call: CallBase, /, **kwargs: Any) -> InferenceResult:
+        """Sync door to :meth:`arun_call`."""
+        return run_sync(self.arun_call(df, call, **kwargs))
+
+    async def arun_call(self, df: Any, call: CallBase, /, *, run_id: str | None = None,
+                        supersede_stale: bool = False, collect_keys: bool = False,
+                        logger: Any = None, mode: str = "online", wait: bool = True,
+                        task_options: dict[str, Any] | None = None) -> InferenceResult:
+        """Run any job's ``call`` over ``df``: one output per row, failures as data.
+
         ``collect_keys``: keep the rows' distinct request keys in ``result.request_keys`` (to
-        look their answers up afterwards).
-        ``supersede_stale``: this call covers its whole partition, so the partition's records of
-        requests it no longer asks for are retired.
+        look their answers up afterwards). ``supersede_stale``: this call covers its whole
+        partition, so the partition's records of requests it no longer asks for are retired.
         ``mode="batch_api"``: through the provider's offline batch API (an endpoint with
         ``batch_api=True``) at its batch price; ``wait=False`` returns once the batches are
-        submitted, the rows deferred "waiting for batch <id>" (see :mod:`.batch_mode`).
-        """
-        import pandas as pd
-
-        if not isinstance(df, pd.DataFrame):
-            raise InferenceConfigError(f"infer() takes a pandas DataFrame, got {type(df).__name__}")
-        call = self._bind(df, call, call_fields)
-        for name in (call.output_column, call.error_column):
-            if name in df.columns:
-                raise InferenceConfigError(
-                    f"The input already has a column '{name}'; choose another output_column."
-                )
-        budget = call.token_budget if call.token_budget is not None else self.settings.token_budget
+        submitted, the rows deferred "waiting for batch <id>" (see :mod:`.delivery.batch_api`).
+        ``task_options``: keywords of the task's ``prepare`` (``models`` for predict)."""
         check_mode(mode, wait)
+        call, frame = self._bind(df, call)
+        task = await task_type_for(call).prepare(call, frame, self, **(task_options or {}))
+        budget = call.token_budget if call.token_budget is not None else self.settings.token_budget
+        log = logger or self.log
         keep_keys = collect_keys or bool(supersede_stale and call.partition_key)
         if mode == "batch_api":
-            run = await BatchModeCall(self, call, df[call.input_columns()], wait=wait,
-                                      token_budget=budget, run_id=run_id,
-                                      logger=logger or self.log, collect_keys=keep_keys).run()
+            run: Any = await BatchModeCall(self, call, task, frame, wait=wait,
+                                           token_budget=budget, run_id=run_id, logger=log,
+                                           collect_keys=keep_keys).run()
         else:
             run = InferenceRun(
-                self.settings, call, df[call.input_columns()],
+                task.run_settings(self.settings, self.pool.capacity(call.model)), frame,
+                task=task, delivery=self._online_delivery(task, log),
                 pool=self.pool, ledger=self.ledger, token_budget=budget,
                 partition_key=call.partition_key, run_id=run_id, scope=call.scope,
-                logger=logger or self.log, collect_keys=keep_keys,
-            )
+                logger=log, collect_keys=keep_keys)
             await run.run()
-        stats = run.stats
         if supersede_stale and call.partition_key:
             await asyncio.to_thread(self.ledger.mark_superseded, call.partition_key, run.keys,
                                     call.scope)
-        (logger or self.log).info(f"batchllm: {stats.summary()}")
-        return InferenceResult.of_run(df, run, output_column=call.output_column,
-                                      error_column=call.error_column)
+        log.info(f"batchllm: {task.label}: {run.stats.summary()}")
+        return task.result(df, run)
 
-    def estimate(self, df: Any, call: InferenceCall | EmbedCall | None = None, /,
-                 task: str = "chat", **call_fields: Any) -> InferenceEstimate:
-        """A dry run of ``infer`` (or, with ``task="embed"`` or an ``EmbedCall``, of
-        ``embed``) with the same arguments: nothing is sent."""
-        if task == "embed" or isinstance(call, EmbedCall):
-            return estimate_embeddings(self, df, call, call_fields)
-        if task != "chat":
-            raise InferenceConfigError(f"task must be 'chat' or 'embed', got {task!r}")
-        call = self._bind(df, call, call_fields)
-        rows = row_tuples(df[call.input_columns()])
+    def estimate(self, df: Any, call: CallBase | None = None, /, task: str = "chat",
+                 **call_fields: Any) -> InferenceEstimate:
+        """A dry run of ``infer`` (or of ``embed`` / ``predict``: ``task="embed"`` /
+        ``"predict"``, or a call of that job) with the same arguments: nothing is sent.
+        ``requests_to_send`` counts requests (of several rows where the job groups them)."""
+        if call is None or call_fields:
+            kinds = {"chat": InferenceCall, "embed": EmbedCall, "predict": PredictCall}
+            if call is None and task not in kinds:
+                raise InferenceConfigError(
+                    f"task must be one of {sorted(kinds)}, got {task!r}")
+            call = (type(call) if call is not None else kinds[task]).of(call, **call_fields)
+        call, frame = self._bind(df, call)
+        job = run_sync(task_type_for(call).prepare(call, frame, self))
+        delivery = job.deliver(self._online_delivery(job, self.log))
         distinct, invalid, duplicates = distinct_requests(
-            iter_row_requests(rows, call, default_max_tokens=self.settings.default_max_tokens),
-            usable=lambda item: self.pool.serves(item.model))
+            job.requests(row_tuples(frame)), usable=lambda item: delivery.refusal(item) is None)
         hits = self.ledger.lookup_ok(list(distinct), call.partition_key, call.scope)
-        answered = 0
+        missing = [item for key, item in distinct.items() if key not in hits]
         tokens_by_model: dict[str, dict[str, int]] = {}
-        for key, item in distinct.items():
-            if key in hits:
-                answered += 1
-                continue
+        for item in missing:
             per_model = tokens_by_model.setdefault(
                 item.model, {"prompt_tokens": 0, "completion_tokens": 0})
             per_model["prompt_tokens"] += item.typical_prompt_tokens
             per_model["completion_tokens"] += item.max_tokens
+        by_count = math.ceil(len(missing) / job.items_per_request)
+        cap = job.max_request_tokens
+        by_tokens = math.ceil(sum(i.reserve_tokens for i in missing) / cap) if cap else 0
         return InferenceEstimate(
             rows=len(df),
-            requests_to_send=len(distinct) - answered,
-            rows_answered_by_ledger=answered,
+            requests_to_send=max(by_count, by_tokens),
+            rows_answered_by_ledger=len(distinct) - len(missing),
             rows_deduplicated=duplicates,
             invalid_rows=invalid,
             estimated_prompt_tokens=sum(t["prompt_tokens"] for t in tokens_by_model.values()),
@@ -185,39 +230,23 @@ class InferenceClient:
             estimated_cost_usd=estimate_cost(self.settings, tokens_by_model),
         )
 
-    # -- traditional ML models (MLflow): see core/predicting.py --------------------------------
-    def predict(self, df: Any, call: Any = None, /, **kwargs: Any) -> Any:
-        """Sync door to :meth:`apredict`."""
-        return run_sync(self.apredict(df, call, **kwargs))
+    # -- the parts of a call ---------------------------------------------------------------------
+    def _bind(self, df: Any, call: CallBase) -> tuple[CallBase, Any]:
+        """The call bound to ``df`` and the settings, and the columns of ``df`` it reads."""
+        if not isinstance(df, pd.DataFrame):
+            raise InferenceConfigError(
+                f"{call.entry}() takes a pandas DataFrame, got {type(df).__name__}")
+        call = call.bind(list(df.columns), self.settings)
+        return call, df[call.columns_read()]
 
-    async def apredict(self, df: Any, call: Any = None, /, *, run_id: str | None = None,
-                       logger: Any = None, supersede_stale: bool = False, models: Any = None,
-                       **call_fields: Any) -> Any:
-        """One prediction per row of ``df`` from an MLflow model (in process or served):
-        ``model=`` or ``model_column=``, ``input_columns=[...]``, ``output_column=``; failures
-        are data in ``<output>_error``. Returns a :class:`~.predict.PredictionResult`."""
-        from .tasks.predict.client import apredict, predict_call
-
-        return await apredict(self, df, predict_call(call, call_fields), run_id=run_id,
-                              logger=logger, supersede_stale=supersede_stale, models=models)
-    def embed(self, df: Any, call: EmbedCall | None = None, /, **kwargs: Any
-              ) -> InferenceResult:
-        """Sync door to :meth:`aembed`."""
-        return run_sync(self.aembed(df, call, **kwargs))
-
-    async def aembed(self, df: Any, call: EmbedCall | None = None, /, **kwargs: Any
-                     ) -> InferenceResult:
-        """One float32 vector (a 1-D numpy array) per row of ``df``; failures are data in the
-        error column. ``call`` (an :class:`~.embed_call.EmbedCall`) or its fields as keywords:
-        ``input=`` (a template) or ``input_column=``, ``model=``, ``output_column=``,
-        ``dimensions=``, ``inputs_per_request=`` ...; and ``run_id``, ``supersede_stale``,
-        ``collect_keys``, ``logger`` as for :meth:`ainfer`."""
-        return await embed_frame(self, df, call, **kwargs)
-
-    def _bind(self, df: Any, call: InferenceCall | None,
-              call_fields: Mapping[str, Any]) -> InferenceCall:
-        return InferenceCall.of(call, **call_fields).bind(
-            list(df.columns), self.settings.models, self.settings.model_when_unnamed)
+    def _online_delivery(self, task: Task, log: Any) -> Any:
+        """Each request sent over HTTP now, through the pool, as the task arranges."""
+        settings = self.settings
+        return task.deliver(OnlineDelivery(
+            settings, self.pool,
+            make_transport(settings.http_client, timeout_s=settings.request_timeout_s),
+            route=task.route, route_models=task.route_models(settings), parse=task.parse_reply,
+            log=log))
 
 
 def run_sync(coro: Coroutine[Any, Any, Result]) -> Result:

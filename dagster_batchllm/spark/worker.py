@@ -191,8 +191,7 @@ def _reservations(client: InferenceClient, frame: pd.DataFrame,
                   call: InferenceCall) -> tuple[int, int]:
     """What the engine will reserve for ``frame``: the sum over its distinct requests, and
     the largest single one."""
-    spec = call.bind(list(frame.columns), client.settings.models,
-                     client.settings.model_when_unnamed)
+    spec = call.bind(list(frame.columns), client.settings)
     rows = row_tuples(frame[spec.input_columns()])
     seen: set[str] = set()
     total = largest = 0

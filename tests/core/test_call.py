@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
-from dagster_batchllm.core.tasks.chat.call import InferenceCall, literal_template
 from dagster_batchllm.core.errors import InferenceConfigError
+from dagster_batchllm.core.tasks.chat.call import InferenceCall, literal_template
 
 BASE = InferenceCall(prompt="Summarize: {text}", model="m", output_column="summary")
 
@@ -40,15 +41,20 @@ def test_unknown_keywords_are_generation_parameters_and_are_checked():
         InferenceCall.of(BASE, topp=0.9)
 
 
+def _served(models: frozenset[str], default: str | None) -> SimpleNamespace:
+    """What bind() reads of the settings: the served models and the default model."""
+    return SimpleNamespace(models=models, model_when_unnamed=default)
+
+
 def test_bind_fills_the_default_model_and_checks_columns_and_models():
     call = InferenceCall(prompt="{text}")
-    assert call.bind(["text"], frozenset({"m"}), "m").model == "m"
+    assert call.bind(["text"], _served(frozenset({"m"}), "m")).model == "m"
     with pytest.raises(InferenceConfigError, match="Pass exactly one of model="):
-        call.bind(["text"], frozenset({"m", "n"}), None)
+        call.bind(["text"], _served(frozenset({"m", "n"}), None))
     with pytest.raises(InferenceConfigError, match=r"\['text'\] are not in the input"):
-        call.bind(["body"], frozenset({"m"}), "m")
+        call.bind(["body"], _served(frozenset({"m"}), "m"))
     with pytest.raises(InferenceConfigError, match="No configured endpoint serves model 'x'"):
-        InferenceCall(prompt="{text}", model="x").bind(["text"], frozenset({"m"}), None)
+        InferenceCall(prompt="{text}", model="x").bind(["text"], _served(frozenset({"m"}), None))
 
 
 def test_a_literal_template_renders_to_itself():

@@ -193,7 +193,7 @@ def test_mistakes_in_the_call_raise_before_sending(fresh, tmp_path):
             client.embed(df, input="{text}", input_column="text", model=EMBED)
         with pytest.raises(InferenceConfigError, match="inputs_per_request must be a positive"):
             client.embed(df, input_column="text", model=EMBED, inputs_per_request=0)
-        with pytest.raises(InferenceConfigError, match="no argument"):
+        with pytest.raises(InferenceConfigError, match="unknown argument"):
             client.embed(df, input_column="text", model=EMBED, prompt="x")
     assert fresh.stats()["embeddings"]["requests"] == 0
 
@@ -201,9 +201,9 @@ def test_mistakes_in_the_call_raise_before_sending(fresh, tmp_path):
 def test_replies_are_read_in_index_order_and_odd_ones_are_refused():
     import json as json_module
 
+    from dagster_batchllm.core.errors import MalformedResponseError
     from dagster_batchllm.core.tasks.embed.call import EmbedCall
     from dagster_batchllm.core.tasks.embed.task import EmbedTask
-    from dagster_batchllm.core.errors import MalformedResponseError
 
     def reply(data):
         return json_module.dumps({"data": data, "usage": {"prompt_tokens": 6}}).encode()
@@ -263,10 +263,10 @@ def test_a_model_column_naming_an_embedding_model_fails_those_rows_in_infer(fres
 
 
 def test_only_strict_base64_replies_are_marked_safe_for_the_journal():
+    from dagster_batchllm.core.delivery.transport import Completion
+    from dagster_batchllm.core.ledger.journal import JsonSafeText
     from dagster_batchllm.core.tasks.embed.call import EmbedCall
     from dagster_batchllm.core.tasks.embed.task import EmbedTask
-    from dagster_batchllm.core.ledger.journal import JsonSafeText
-    from dagster_batchllm.core.delivery.transport import Completion
 
     task = EmbedTask(EmbedCall(input_column="text", model="m"))
     items = list(task.requests(iter([("a",), ("b",)])))

@@ -10,15 +10,16 @@ import base64
 import hashlib
 import json
 import struct
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
 from dagster_batchllm import InferenceConfigError
-from dagster_batchllm.core.tasks.chat.call import InferenceCall
 from dagster_batchllm.core.errors import RowError
-from dagster_batchllm.core.tasks.chat.images import image_tokens
 from dagster_batchllm.core.run.prompts import iter_row_requests
+from dagster_batchllm.core.tasks.chat.call import InferenceCall
+from dagster_batchllm.core.tasks.chat.images import image_tokens
 from dagster_batchllm.testing import png_bytes
 
 MODEL = "sim-model"
@@ -235,7 +236,8 @@ def test_the_call_checks_its_image_fields():
     call = InferenceCall(prompt="Read {name}", images=("a", "b", "a"))
     assert call.images == ["a", "b"] and call.input_columns() == ["name", "a", "b"]
     with pytest.raises(InferenceConfigError, match=r"\['b'\]"):
-        call.bind(["name", "a"], frozenset({MODEL}), MODEL)
+        call.bind(["name", "a"], SimpleNamespace(models=frozenset({MODEL}),
+                                                model_when_unnamed=MODEL))
 
 
 def test_code_version_covers_images_and_text_calls_keep_theirs():

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm import BatchInferenceResource, Endpoint, InferenceConfigError
-from dagster_batchllm.core.tasks.chat.call import InferenceCall
 from dagster_batchllm.core.client import InferenceClient
-from dagster_batchllm.core.run.prompts import iter_row_requests
 from dagster_batchllm.core.delivery.transport import openai_http_library
+from dagster_batchllm.core.run.prompts import iter_row_requests
+from dagster_batchllm.core.tasks.chat.call import InferenceCall
 from dagster_batchllm.simulator.state import tokens
 from dagster_batchllm.testing import SimulatedEndpoint
 
@@ -230,7 +230,7 @@ def test_a_second_call_is_answered_from_the_ledger_without_requests(sim, make_cl
 
 def _expected_prompt_tokens(df, template, max_tokens, settings):
     spec = InferenceCall(prompt=template, model=MODEL, max_tokens=max_tokens).bind(
-        list(df.columns), settings.models, None)
+        list(df.columns), settings)
     requests = list(iter_row_requests(df.itertuples(index=False, name=None), spec,
                                       default_max_tokens=settings.default_max_tokens))
     return {r.key: r.typical_prompt_tokens for r in requests}

@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.run.prompts import row_tuples
+from dagster_batchllm.core.settings import InferenceSettings, MlflowModelSpec
 from dagster_batchllm.core.tasks.predict.keyed import counters, request_keys, score_keyed
 from dagster_batchllm.core.tasks.predict.keyed_writes import BackgroundWrites
 from dagster_batchllm.core.tasks.predict.models import resolve_models
 from dagster_batchllm.core.tasks.predict.task import PredictCall, PredictTask
-from dagster_batchllm.core.run.prompts import row_tuples
-from dagster_batchllm.core.settings import InferenceSettings, MlflowModelSpec
 
 pytest.importorskip("mlflow")
 
@@ -41,7 +41,7 @@ def _models(client, *refs):
 
 
 def _task_keys(frame, call, models):
-    items = PredictTask(call, models).requests(row_tuples(frame[call.input_columns_read()]))
+    items = PredictTask(call, models).requests(row_tuples(frame[call.columns_read()]))
     return [item.as_cell() if hasattr(item, "as_cell") else item.key for item in items]
 
 

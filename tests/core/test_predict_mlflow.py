@@ -11,8 +11,8 @@ import pytest
 
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.errors import InferenceConfigError
-from dagster_batchllm.core.tasks.predict.models import load_counts
 from dagster_batchllm.core.settings import InferenceSettings, MlflowModelSpec
+from dagster_batchllm.core.tasks.predict.models import load_counts
 
 pytest.importorskip("mlflow")
 
@@ -161,7 +161,7 @@ def test_each_model_is_loaded_once_per_process(scoring):
 def test_wrong_calls_raise_before_anything_is_scored(scoring, tmp_path):
     client = scoring(("risk", "models:/risk@champion"), ("gone", "models:/risk@nope"))
     frame = feature_frame(5)
-    with pytest.raises(InferenceConfigError, match=r"column\(s\) \['f3'\]"):
+    with pytest.raises(InferenceConfigError, match=r"(?i)column\(s\) \['f3'\]"):
         client.predict(frame, model="risk", input_columns=["f1", "f3"], output_column="r")
     with pytest.raises(InferenceConfigError, match="signature needs input"):
         client.predict(frame, model="risk", input_columns=["f1"], output_column="r")

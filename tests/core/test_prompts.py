@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dagster_batchllm.core.tasks.chat.call import InferenceCall
 from dagster_batchllm.core.errors import InvalidInputError
 from dagster_batchllm.core.run.prompts import _Skeleton, iter_row_requests, make_request
+from dagster_batchllm.core.tasks.chat.call import InferenceCall
 
 # Any code point, lone surrogates included (they cannot be UTF-8: both ways must refuse them).
 texts = st.text(st.characters(min_codepoint=0, max_codepoint=0x10FFFF, exclude_categories=()),

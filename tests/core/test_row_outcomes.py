@@ -7,22 +7,23 @@ functions, tested on the real error objects the transport raises.
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
-from dagster_batchllm.core.tasks.chat.call import InferenceCall
 from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.delivery.retries import RetryPolicy
+from dagster_batchllm.core.delivery.transport import _connection_error, _timeout_error
 from dagster_batchllm.core.errors import (
     ErrorType,
     NoHealthyEndpointError,
     StructuredOutputError,
     classify_http_error,
 )
-from dagster_batchllm.core.tasks.chat.outputs import ReplyParser, cut_off_hint
 from dagster_batchllm.core.run.prompts import iter_row_requests
-from dagster_batchllm.core.delivery.retries import RetryPolicy
-from dagster_batchllm.core.delivery.transport import _connection_error, _timeout_error
+from dagster_batchllm.core.tasks.chat.call import InferenceCall
+from dagster_batchllm.core.tasks.chat.outputs import ReplyParser, cut_off_hint
 
 MODEL = "sim-model"
 
@@ -41,7 +42,7 @@ def test_a_request_too_large_for_every_rate_window_fails_as_request_too_large(
     long_text = "a long ticket " * 20
     df = pd.DataFrame({"text": ["short", long_text]}, index=["s", "l"])
     call = InferenceCall(prompt="{text}", model=MODEL, max_tokens=16).bind(
-        ["text"], frozenset({MODEL}), None)
+        ["text"], SimpleNamespace(models=frozenset({MODEL}), model_when_unnamed=None))
     size = [r.reserve_tokens for r in iter_row_requests(iter([(long_text,)]), call,
                                                         default_max_tokens=512)][0]
     assert size > 100

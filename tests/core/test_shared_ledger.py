@@ -10,8 +10,8 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from dagster_batchllm.core.ledger.table import Ledger
 from dagster_batchllm.core.ledger.stores import normalize_store_url
+from dagster_batchllm.core.ledger.table import Ledger
 from dagster_batchllm.testing import SimulatedEndpoint
 
 # One process = one Dagster run on one partition: rows [start, stop), results to a JSON file.

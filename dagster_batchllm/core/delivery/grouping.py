@@ -22,9 +22,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-from .online import Attempts, SendsParcels
 from ..errors import ErrorType, InternalError, RowError
 from ..run.prompts import RowRequest
+from .base import Attempts, DelegatingDelivery
 from .transport import Completion
 
 # Errors a single item may cause; a group failing with one of them is split to find it.
@@ -90,7 +90,7 @@ class _Group:
         self.timer: asyncio.TimerHandle | None = None
 
 
-class GroupingDelivery(SendsParcels):
+class GroupingDelivery(DelegatingDelivery):
     """A :class:`~.delivery.Delivery` that sends items in groups through ``inner``."""
 
     def __init__(self, inner: Any, task: GroupedTask, *, linger_s: float = 0.005):
@@ -98,22 +98,22 @@ class GroupingDelivery(SendsParcels):
         ``linger_s``: how long a group that is not full waits for more items before it goes."""
         if task.items_per_request < 1:
             raise ValueError("items_per_request must be at least 1")
-        self.inner = inner
+        super().__init__(inner)
         self.task = task
         self.linger_s = linger_s
         self._filling: dict[str, _Group] = {}
         self._sending: set[asyncio.Task] = set()
 
-    # -- the Delivery interface, by delegation -----------------------------------------------
+    # -- what grouping changes of the delivery it wraps ---------------------------------------
     def capacity(self) -> int:
         """Items, not requests: the run keeps enough workers to fill every request."""
         return self.inner.capacity() * self.task.items_per_request
 
-    def refusal(self, request: RowRequest) -> RowError | None:
-        return self.inner.refusal(request)
-
-    async def open(self) -> None:
-        await self.inner.open()
+    async def send(self, request: RowRequest, attempts: Attempts) -> Completion:
+        (result,) = await self.send_many([request], [attempts])
+        if isinstance(result, RowError):
+            raise result
+        return result
 
     async def close(self) -> None:
         for group in self._filling.values():
@@ -126,9 +126,6 @@ class GroupingDelivery(SendsParcels):
             task.cancel()
         await asyncio.gather(*sending, return_exceptions=True)
         await self.inner.close()
-
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        return self.inner.snapshot()
 
     @property
     def items_per_send(self) -> int:

@@ -1,10 +1,7 @@
-"""How request items reach a model: the :class:`Delivery` interface and the online one.
+"""The online delivery: each request sent over HTTP now, to the least-loaded endpoint.
 
-The engine hands a delivery one request at a time and gets back the reply or the request's
-final error; what happens in between (which endpoint, how many attempts, how long to wait) is
-the delivery's business, so a new way of sending is a new implementation, not branches through
-the run. :class:`OnlineDelivery` sends each request over HTTP now: a lease from the endpoint
-pool, the transport's call, the lease back, and the retry loop of :mod:`.retries` around them.
+:class:`OnlineDelivery` is a lease from the endpoint pool, the transport's call, the lease back,
+and the retry loop of :mod:`.retries` around them (the interface is :mod:`.base`'s).
 """
 
 from __future__ import annotations
@@ -12,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Protocol
+from collections.abc import Collection
+from typing import Any
 
 from ..errors import (
     ContextLengthExceededError,
@@ -22,72 +20,23 @@ from ..errors import (
     UnsupportedModelError,
 )
 from ..ledger.writer import LedgerWriter
-from .pool import EndpointPool
 from ..run.prompts import RowRequest
-from .retries import RetryPolicy
 from ..settings import InferenceSettings
-from .transport import CHAT_ROUTE, EMBEDDINGS_ROUTE, Completion, ReplyParser, Transport
+from .base import Attempts, Delivery
+from .pool import EndpointPool
+from .retries import RetryPolicy
+from .transport import Completion, ReplyParser, Transport
 
 
-class Attempts:
-    """What one request's attempts did: how many, how many were sent, the last endpoint, the
-    tokens billed. The engine keeps it, so it knows them also when the request fails."""
-
-    __slots__ = ("count", "sent", "endpoint", "spent")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.sent = 0
-        self.endpoint: str | None = None
-        self.spent = 0
-
-
-class Delivery(Protocol):
-    # Optional: ``keeps_answers = True`` on a delivery whose answers are durable before the
-    # engine sees them (the batch API's book), so the run keeps no journal of its own; and
-    # ``held_answers``, the keys (a container) whose paid answers the delivery holds already
-    # (a batch just collected): the run sends those to it without asking the ledger first.
-
-    def capacity(self) -> int:
-        """Requests it can usefully have outstanding at once (sizes the run's workers)."""
-        ...
-
-    def refusal(self, request: RowRequest) -> RowError | None:
-        """Why ``request`` cannot be delivered at all, before it waits for anything; or None."""
-        ...
-
-    async def open(self) -> None: ...
-
-    async def send(self, request: RowRequest, attempts: Attempts) -> Completion:
-        """The reply to ``request``, or its final ``RowError``; ``attempts`` counts as it goes."""
-        ...
-
-    async def close(self) -> None: ...
-
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        """Figures per endpoint, for the run's stats."""
-        ...
-
-
-class SendsParcels:
-    """``send`` for a delivery whose real entry is ``send_many`` (one that takes
-    ``items_per_send`` items at once): one request as a parcel of one."""
-
-    async def send(self, request: RowRequest, attempts: Any) -> Completion:
-        (result,) = await self.send_many([request], [attempts])
-        if isinstance(result, RowError):
-            raise result
-        return result
-
-
-class OnlineDelivery:
+class OnlineDelivery(Delivery):
     """Each request sent now over HTTP to the least-loaded endpoint, retried as the policy says."""
 
     def __init__(self, settings: InferenceSettings, pool: EndpointPool, transport: Transport, *,
-                 route: str, writer: LedgerWriter, log: Any = None,
+                 route: str, route_models: Collection[str] | None = None, log: Any = None,
                  unreachable_after_s: float | None = None, parse: ReplyParser | None = None):
         """``route`` and ``parse``: where requests go and how replies are read (the task's);
-        ``writer``: sending waits while it holds a room's worth of unwritten answers;
+        ``route_models``: the models the endpoints serve on that route (None: whichever they
+        serve), so a model of another route fails as a row, saying where it belongs;
         ``unreachable_after_s``: how long every endpoint of a model may refuse connections
         (or fail DNS or TLS) before the rows still to send fail with ``endpoint_unreachable``:
         seconds, not the hours that retries and cool-downs of a URL with nothing behind it
@@ -104,11 +53,10 @@ class OnlineDelivery:
         self.route = route
         self.parse = parse
         self.retry = RetryPolicy.from_settings(settings)
-        self._writer = writer
+        self._writer: LedgerWriter | None = None  # the run's, from open()
         self._context_limits = _context_limits_by_model(settings)
-        # The models served on this route (the pool routes chat and embedding models alike).
-        self._route_models = {CHAT_ROUTE: settings.models,
-                              EMBEDDINGS_ROUTE: settings.embedding_models}.get(route)
+        # The pool routes chat and embedding models alike; the task says which are this route's.
+        self._route_models = route_models
 
     def capacity(self) -> int:
         return self.pool.capacity()
@@ -128,7 +76,8 @@ class OnlineDelivery:
             )
         return None
 
-    async def open(self) -> None:
+    async def open(self, writer: LedgerWriter) -> None:
+        self._writer = writer
         self._baseline = self.pool.snapshot()  # the pool outlives calls; figures are per call
         await self.transport.open(self.settings.endpoints, self.route, self.parse)
 

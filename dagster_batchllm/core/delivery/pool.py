@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..errors import NoHealthyEndpointError, RequestTooLargeError, UnsupportedModelError
-from .limits import SlidingWindowLimiter
 from ..settings import EndpointSpec
+from .limits import SlidingWindowLimiter
 
 # A waiter re-checks at least this often, so a lost wake-up can delay a request but never hang it.
 _MAX_WAIT_S = 1.0

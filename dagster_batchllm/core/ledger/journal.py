@@ -28,8 +28,8 @@ try:
 except ImportError:  # Windows: no journal (the ledger's batches are all there is)
     fcntl = None  # type: ignore[assignment]
 
-from .table import Ledger
 from .stores import redact_url
+from .table import Ledger
 
 _SUFFIX = ".jsonl"
 _FOLD_BATCH = 500

@@ -18,8 +18,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from .db_timeouts import DEFAULT_ROUND_TRIP_TIMEOUT_S, bound_round_trips, libpq_connect_args
 from ..errors import InferenceConfigError
+from .db_timeouts import DEFAULT_ROUND_TRIP_TIMEOUT_S, bound_round_trips, libpq_connect_args
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .db_timeouts import DEFAULT_ROUND_TRIP_TIMEOUT_S
 from ..errors import InferenceConfigError
-from .key_lists import KeyList, in_key_order
 from ..settings import DEFAULT_LEDGER_TABLE
+from .db_timeouts import DEFAULT_ROUND_TRIP_TIMEOUT_S
+from .key_lists import KeyList, in_key_order
 from .stores import make_engine, normalize_store_url, validate_identifier
 
 OK, FAILED, DEFERRED, SUPERSEDED = "ok", "failed", "deferred", "superseded"

@@ -23,8 +23,8 @@ import tenacity
 
 from .db_timeouts import round_trips_at_most
 from .journal import AnswerJournal
-from .table import OK, Ledger
 from .stores import redact_url
+from .table import OK, Ledger
 
 _WARN_EVERY_S = 10.0  # while writes fail, one warning per this many seconds
 # Other failures (a full disk, a bad record) are not waited out: after this many in a row the

@@ -20,10 +20,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from .coordinator import RunCoordinator
-from ..ledger.table import Ledger
 from ..delivery.pool import Allocation, EndpointPool
+from ..ledger.table import Ledger
 from ..settings import InferenceSettings
+from .coordinator import RunCoordinator
 
 _WARN_EVERY_S = 10.0  # while heartbeats fail, one warning per this many seconds
 Item = TypeVar("Item")  # what the run waits for per parked request (the engine's KeyState)

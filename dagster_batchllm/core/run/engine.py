@@ -26,22 +26,20 @@ import time
 from array import array
 from typing import Any
 
-from ..tasks.chat.call import InferenceCall
-from ..delivery.online import Attempts, Delivery, OnlineDelivery
+from ..delivery.base import Attempts, Delivery
+from ..delivery.limits import TokenBudget
+from ..delivery.pool import EndpointPool
 from ..errors import DeferredError, ErrorType, InternalError, RowError
-from .gc_pacing import fewer_collections
 from ..ledger.journal import AnswerJournal, fold_abandoned, journal_dir_for
 from ..ledger.table import DEFERRED, FAILED, OK, Ledger
 from ..ledger.writer import LedgerUnwritable, LedgerWriter
-from ..delivery.limits import TokenBudget
-from ..delivery.pool import EndpointPool
-from .prompts import RowRequest, row_tuples
 from ..results import InferenceStats, RowStatus
+from ..settings import InferenceSettings
+from ..tasks.base import Task
 from .coordination import RunCoordination
 from .figures import Progress, estimate_cost, finish_stats
-from ..settings import InferenceSettings
-from ..tasks.chat.task import ChatTask, Task
-from ..delivery.transport import Transport, make_transport
+from .gc_pacing import fewer_collections
+from .prompts import RowRequest, row_tuples
 
 _MAX_WORKERS = 8192
 # A stopping run (cancelled, interrupted, terminated) writes its answers for at most this long;
@@ -75,9 +73,10 @@ class InferenceRun:
     def __init__(
         self,
         settings: InferenceSettings,
-        spec: InferenceCall,
-        inputs: Any,  # a pandas DataFrame holding exactly spec.input_columns()
+        inputs: Any,  # a pandas DataFrame holding exactly the columns the task reads
         *,
+        task: Task,
+        delivery: Delivery,
         pool: EndpointPool,
         ledger: Ledger,
         token_budget: int | None,
@@ -85,15 +84,11 @@ class InferenceRun:
         run_id: str | None,
         scope: str | None = None,
         logger: Any = None,
-        transport: Transport | None = None,
         collect_keys: bool = False,
-        task: Task | None = None,
-        delivery: Delivery | None = None,
     ):
-        """``task`` defaults to a chat completion per row; ``delivery`` to sending each request
-        over HTTP now, through ``pool`` and ``transport``, as the task's ``deliver`` arranges."""
+        """``task``: how rows become requests and replies values; ``delivery``: how requests
+        reach a model (arranged by the task's ``deliver``; see :mod:`..delivery.base`)."""
         self.settings = settings
-        self.spec = spec
         self.inputs = inputs
         self.pool = pool
         self.ledger = ledger
@@ -115,12 +110,8 @@ class InferenceRun:
                                     interval_s=settings.ledger_flush_interval_s,
                                     on_written=self._written_to_ledger, log=self.log,
                                     outage_s=settings.ledger_outage_s)
-        self.task = task or ChatTask(spec, default_max_tokens=settings.default_max_tokens)
-        self.delivery = delivery or self.task.deliver(OnlineDelivery(
-            settings, pool,
-            transport or make_transport(settings.http_client, timeout_s=settings.request_timeout_s),
-            route=self.task.route, parse=self.task.parse_reply, writer=self._writer,
-            log=self.log))
+        self.task = task
+        self.delivery = delivery
         self._coordination: RunCoordination[KeyState] | None = None
         self._per_send = 1  # items a worker hands the delivery at once (set by run)
         self._done_rows = 0
@@ -138,12 +129,12 @@ class InferenceRun:
         journal_dir = journal_dir_for(self.ledger)
         await asyncio.to_thread(fold_abandoned, journal_dir, self.ledger, self.log)
         # A delivery whose answers are kept durably already (the batch book) needs no journal.
-        if getattr(self.delivery, "keeps_answers", False):
+        if self.delivery.keeps_answers:
             journal_dir = None
         journal = self._writer.journal = AnswerJournal(journal_dir) if journal_dir else None
         # A delivery that gathers items into requests takes them a request's worth at a time
         # (``items_per_send``, one by default): a worker, and a queue entry, per such parcel.
-        per_send = self._per_send = max(1, getattr(self.delivery, "items_per_send", 1))
+        per_send = self._per_send = max(1, self.delivery.items_per_send)
         workers_n = max(1, min(_MAX_WORKERS, -(-2 * self.delivery.capacity() // per_send)))
         queue: asyncio.Queue[list[KeyState] | None] = asyncio.Queue(maxsize=workers_n)
         try:
@@ -159,7 +150,7 @@ class InferenceRun:
         written = False
         stopping: BaseException | None = None
         try:
-            await self.delivery.open()
+            await self.delivery.open(self._writer)
             background = [asyncio.create_task(self._writer.run()),
                           asyncio.create_task(self._progress_loop())]
             if coordination is not None:
@@ -279,7 +270,7 @@ class InferenceRun:
         """Answer the requests the ledger holds ok answers for, and remove them from
         ``states``."""
         keys = list(states)
-        held = getattr(self.delivery, "held_answers", None)
+        held = self.delivery.held_answers
         if held:
             # Paid for and in hand: the delivery answers them with that answer (what the
             # ledger may hold for them is another partition's answer to the same request).

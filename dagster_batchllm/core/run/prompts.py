@@ -19,10 +19,10 @@ from itertools import islice
 from json.encoder import encode_basestring
 from typing import Any
 
-from ..tasks.chat.call import InferenceCall
-from .cells import cell_text, messages_from_cell
 from ..errors import InvalidInputError, RowError
+from ..tasks.chat.call import InferenceCall
 from ..tasks.chat.images import image_parts
+from .cells import cell_text, messages_from_cell
 
 # Reservations must never be below what the server will count. Byte-level BPE and SentencePiece
 # with byte fallback emit at most one token per UTF-8 byte, plus a few chat-template tokens per

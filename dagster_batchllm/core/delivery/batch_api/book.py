@@ -25,9 +25,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .tables import LineState, book_tables, owner_id
 from ...ledger.key_lists import KeyList, in_key_order
 from ...ledger.table import DEFERRED, FAILED, Ledger
+from .tables import LineState, book_tables, owner_id
 
 SUBMITTING, COLLECTING, COLLECTED, SUBMIT_FAILED = (
     "submitting", "collecting", "collected", "submit_failed")

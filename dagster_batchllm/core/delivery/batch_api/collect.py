@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator
 from itertools import starmap
 from typing import Any
 
+from ...errors import ErrorType, RowError
 from .book import (
     COLLECTED,
     COLLECTING,
@@ -44,13 +45,8 @@ from .book import (
 )
 from .lines import AnswerBlock
 from .protocol import BatchProtocol, BatchStatus, LineResult
+from .readers import line_reader
 from .tables import counts_text, owner_alive, owner_id
-from ...errors import ErrorType, InferenceConfigError, RowError
-from ..transport import CHAT_ROUTE, completion_from_payload
-
-# How a route's replies are read into an answered line (the chat completion's text and usage):
-# once, when its batch is collected, not again by the pass that hands it to the engine.
-_READERS = {CHAT_ROUTE: completion_from_payload}
 
 _SETTLE_CHUNK = 8192  # lines per book transaction (see in_key_order)
 # Answered lines a collector holds for its call's next pass (see BatchCollector.answers): a
@@ -180,10 +176,9 @@ class BatchCollector:
 
     def _collect(self, row: dict[str, Any], status: BatchStatus) -> dict[str, Any]:
         sub, protocol = row["submission_id"], self.protocols[row["endpoint"]]
-        read, endpoint = _READERS.get(row["route"]), row["endpoint"]
-        if read is None:
-            raise InferenceConfigError(f"batch {sub} is of route {row['route']!r}, which "
-                                       "this version cannot read")
+        # A route's replies are read into answered lines (the answer the ledger keeps, and
+        # usage) once, when the batch is collected, not again by the pass that hands them on.
+        read, endpoint = line_reader(row["route"], what=f"batch {sub}"), row["endpoint"]
         ok = failed = 0
         outcomes: list[tuple] = []
         room = (HELD_ANSWERS - len(self.answers)

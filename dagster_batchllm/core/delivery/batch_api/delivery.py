@@ -36,16 +36,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .book import COLLECTED, LINE_OK, SUBMIT_FAILED, BatchBook
-from .protocol import BatchProtocol
-from .spool import NOT_YET_SUBMITTED, Gatherer, Spool, waiting_for
-from .tables import owner_id
-from ..online import SendsParcels
 from ...errors import DeferredError, ErrorType, RowError, UnsupportedModelError
-from ..limits import TokenBudget
 from ...run.prompts import RowRequest
 from ...settings import EndpointSpec, InferenceSettings
-from ..transport import Completion, ReplyParser
+from ..base import Delivery
+from ..limits import TokenBudget
+from ..transport import Completion
+from .book import COLLECTED, LINE_OK, SUBMIT_FAILED, BatchBook
+from .protocol import BatchProtocol
+from .readers import read_line_body
+from .spool import NOT_YET_SUBMITTED, Gatherer, Spool, waiting_for
+from .tables import owner_id
 
 # Keys per book transaction: a commit writes every page its inserts touched, so a larger one
 # (in key order, see in_key_order) shares pages among more of them.
@@ -60,7 +61,7 @@ _UPLOADS_AT_ONCE = 2
 Note = tuple[Spool, str, int, bytes, bool]
 
 
-class BatchDelivery(SendsParcels):
+class BatchDelivery(Delivery):
     """A :class:`~.delivery.Delivery` that submits requests as offline batch lines."""
 
     #: Its answers are in the batch book, or at the provider in a batch the book has as
@@ -69,7 +70,7 @@ class BatchDelivery(SendsParcels):
     keeps_answers = True
 
     def __init__(self, settings: InferenceSettings, book: BatchBook,
-                 protocols: dict[str, BatchProtocol], *, route: str, parse: ReplyParser,
+                 protocols: dict[str, BatchProtocol], *, route: str,
                  budget: TokenBudget | None, scope: str, partition_key: str,
                  run_id: str | None, log: Any = None,
                  answered: dict[str, tuple] | None = None,
@@ -89,7 +90,6 @@ class BatchDelivery(SendsParcels):
         self.book = book
         self.protocols = protocols
         self.route = route
-        self.parse = parse
         self.budget = budget
         self.scope, self.partition_key, self.run_id = scope, partition_key, run_id
         self.log = log or logging.getLogger("dagster_batchllm")
@@ -136,7 +136,8 @@ class BatchDelivery(SendsParcels):
                 f"no endpoint with batch_api=True serves model '{request.model}'")
         return None
 
-    async def open(self) -> None:
+    async def open(self, writer: Any) -> None:
+        # Nothing is sent while the run goes on: the writer's room does not hold it back.
         # One delivery serves every engine run of a pass (a run per slice of rows), so a file
         # fills across them.
         if self._directory is None:
@@ -229,8 +230,9 @@ class BatchDelivery(SendsParcels):
                 if line.state == LINE_OK and line.response is not None:
                     self.collected_ok += 1  # a line of a book made before: its reply body
                     try:
-                        results[i] = self.parse(line.response.encode(), endpoint=endpoint.name,
-                                                latency_s=line.latency_s)
+                        results[i] = read_line_body(self.route, line.response.encode(),
+                                                    endpoint=endpoint.name,
+                                                    latency_s=line.latency_s)
                     except RowError as exc:
                         results[i] = exc
                     continue

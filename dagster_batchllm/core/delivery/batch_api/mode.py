@@ -27,19 +27,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ...errors import InferenceConfigError
+from ...ledger.table import DEFERRED
+from ...results import InferenceStats, RowStatus
+from ...run.engine import InferenceRun
+from ...run.figures import estimate_cost
+from ...run.gc_pacing import BATCH_THRESHOLDS, fewer_collections
+from ...tasks.base import CallBase, Task
+from ..limits import TokenBudget
 from .book import COLLECTED, SUBMIT_FAILED, BatchBook
 from .collect import BatchCollector, progress_line
 from .delivery import BatchDelivery, batch_name
 from .protocol import protocol_for
-from ...tasks.chat.call import InferenceCall
-from ...run.engine import InferenceRun
-from ...errors import InferenceConfigError
-from ...run.gc_pacing import BATCH_THRESHOLDS, fewer_collections
-from ...ledger.table import DEFERRED
-from ..limits import TokenBudget
-from ...results import InferenceStats, RowStatus
-from ...run.figures import estimate_cost
-from ...tasks.chat.task import ChatTask
 
 MODES = ("online", "batch_api")
 ENDED_HERE = (COLLECTED, SUBMIT_FAILED)  # batches with nothing more to collect
@@ -65,10 +64,11 @@ class BatchModeCall:
     """One call in batch mode; :meth:`run` returns an object with the engine run's row arrays
     (``outputs``, ``errors``, ``error_types``, ``row_status``, ``keys``) and ``stats``."""
 
-    def __init__(self, client: Any, call: InferenceCall, inputs: Any, *, wait: bool,
+    def __init__(self, client: Any, call: CallBase, task: Task, inputs: Any, *, wait: bool,
                  token_budget: int | None, run_id: str | None, logger: Any,
                  collect_keys: bool):
         settings = client.settings
+        self.task = task
         if call.model is not None and settings.batch_endpoint_for(call.model) is None:
             raise InferenceConfigError(
                 f"mode='batch_api' needs an endpoint with batch_api=True serving "
@@ -133,23 +133,23 @@ class BatchModeCall:
         row's key and outcome, its dictionaries' slots) is then a slice's, not the table's;
         a key met again in a later slice finds its line in the book and waits for that
         batch."""
-        task = ChatTask(self.call, default_max_tokens=self.settings.default_max_tokens)
+        task = self.task
         delivery = BatchDelivery(
-            self.settings, self.book, self.protocols, route=task.route, parse=task.parse_reply,
+            self.settings, self.book, self.protocols, route=task.route,
             budget=self.budget, scope=self.call.scope, partition_key=self.call.partition_key,
             run_id=self.run_id, log=self.log, answered=self.collector.answers,
             in_hand=self.collector.in_hand)
+        lines = task.batch_line(delivery)  # what the engine hands the rows to
         try:
             for start in range(0, max(1, len(rows)), _SLICE_ROWS):
                 part = rows[start:start + _SLICE_ROWS]
                 frame = (self.inputs.iloc[part.start:part.stop] if isinstance(part, range)
                          else self.inputs.iloc[part])
                 run = InferenceRun(
-                    self.pass_settings, self.call, frame, pool=self.client.pool,
-                    ledger=self.client.ledger, token_budget=None,
+                    self.pass_settings, frame, task=task, delivery=lines,
+                    pool=self.client.pool, ledger=self.client.ledger, token_budget=None,
                     partition_key=self.call.partition_key, run_id=self.run_id,
-                    scope=self.call.scope, logger=self.log, collect_keys=self.collect_keys,
-                    task=task, delivery=delivery)
+                    scope=self.call.scope, logger=self.log, collect_keys=self.collect_keys)
                 await run.run()
                 merged.add(run, part)
         except BaseException:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .lines import AnswerBlock, chat_answer_block, line_blocks
 from ...errors import RowError, classify_http_error
 from ...settings import EndpointSpec
 from ..transport import CHAT_ROUTE
+from .lines import AnswerBlock, chat_answer_block, line_blocks
 
 #: Metadata key under which a batch carries its submission id, so a run that crashed between
 #: creating the batch and recording its id finds it again.

@@ -15,8 +15,8 @@ import re
 
 import sqlalchemy as sa
 
-from .book import BatchBook
 from ...ledger.table import DEFERRED, Ledger
+from .book import BatchBook
 
 _WAIT_NAME = re.compile(r"waiting for batch (?:\(file )?([A-Za-z0-9_\-]+)")
 

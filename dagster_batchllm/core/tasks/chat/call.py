@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
-import hashlib
 import json
 import numbers
 import string
@@ -26,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import InferenceConfigError, InvalidInputError
-from .images import DEFAULT_MAX_IMAGE_BYTES, IMAGE_DETAILS, image_columns
 from ...settings import described
-from ...ledger.stores import validate_identifier
+from ..base import CallBase, version_of
+from .images import DEFAULT_MAX_IMAGE_BYTES, IMAGE_DETAILS, image_columns
 
 # The OpenAI chat parameters a call may set besides max_tokens and temperature.
 GENERATION_PARAMS = (
@@ -38,8 +37,10 @@ GENERATION_PARAMS = (
 
 
 @dataclass(frozen=True)
-class InferenceCall:
+class InferenceCall(CallBase):
     """What to send for each row and where the answers go."""
+
+    job, entry = "chat", "infer"
 
     prompt: str | None = described(
         "A prompt template over the input's columns, e.g. 'Summarize: {text}' "
@@ -97,9 +98,7 @@ class InferenceCall:
                 "pass model= or model_column=, not both (or neither, to use the resource's "
                 "default_model)."
             )
-        validate_identifier(self.output_column, "output column")
-        set_(self, "error_column", self.error_column or f"{self.output_column}_error")
-        validate_identifier(self.error_column, "output column")
+        self._check_common()
         for text, what in ((self.prompt, "prompt template"), (self.system, "system template")):
             if text is not None:
                 check_template(text, what)
@@ -116,8 +115,6 @@ class InferenceCall:
         set_(self, "generation_params", {k: checked_param(k, v) for k, v in params.items()})
         set_(self, "response_format", normalize_response_format(self.response_format))
         self._check_images()
-        set_(self, "scope", self.scope or "")
-        set_(self, "partition_key", self.partition_key or "")
 
     def _check_images(self) -> None:
         try:
@@ -142,7 +139,7 @@ class InferenceCall:
     def of(cls, call: InferenceCall | None = None, /, **fields: Any) -> InferenceCall:
         """``call`` with ``fields`` changed, or a new call from ``fields``. Names that are not
         fields are generation parameters (``top_p=0.9``, ``seed=7``)."""
-        names = _FIELD_NAMES
+        names = cls.field_names()
         known = {k: v for k, v in fields.items() if k in names}
         extra = {k: v for k, v in fields.items() if k not in names}
         if extra:
@@ -154,10 +151,11 @@ class InferenceCall:
             return cls(**known)
         return dataclasses.replace(call, **known) if known else call
 
-    def bind(self, columns: Sequence[str], served_models: frozenset[str],
-             default_model: str | None) -> InferenceCall:
-        """The call checked against a table's columns and the configured models, with the
-        default model filled in; every mistake raises before a request is sent."""
+    def bind(self, columns: Sequence[str], settings: Any) -> InferenceCall:
+        """The call checked against a table's columns and the configured models (``settings``'
+        ``models``), with the default model (``model_when_unnamed``) filled in; every mistake
+        raises before a request is sent."""
+        served_models, default_model = settings.models, settings.model_when_unnamed
         call = self
         if self.model is None and self.model_column is None:
             if default_model is None:
@@ -172,12 +170,7 @@ class InferenceCall:
                 f"{sorted(served_models)}. Add it to an Endpoint's models list or pick one of "
                 "those."
             )
-        missing = [c for c in call.input_columns() if c not in columns]
-        if missing:
-            raise InferenceConfigError(
-                f"Column(s) {missing} are not in the input table; available columns: "
-                f"{list(columns)}."
-            )
+        call.check_columns(columns)
         return call
 
     # -- what the call implies -------------------------------------------------------------------
@@ -199,11 +192,10 @@ class InferenceCall:
         should call the asset stale. Settings of the resource that also reach the request (its
         default model and max_tokens) are not part of it. The image fields count only when
         images are sent, so a text-only call keeps the version it had before they existed."""
-        sent = {name: getattr(self, name) for name in _SENT_FIELDS}
+        sent = {name: getattr(self, name) for name in self.sent_fields}
         if self.images:
             sent.update({name: getattr(self, name) for name in _IMAGE_FIELDS})
-        text = json.dumps(sent, sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+        return version_of(sent)
 
     @property
     def schema(self) -> Mapping[str, Any] | None:
@@ -233,12 +225,14 @@ class InferenceCall:
         cols.extend(self.images or ())
         return list(dict.fromkeys(cols))
 
+    def columns_read(self) -> list[str]:
+        return self.input_columns()
 
-_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(InferenceCall))
+
 # The fields that shape what is sent (the others say where answers go and what to spend).
-_SENT_FIELDS = ("prompt", "prompt_column", "messages_column", "system", "model", "model_column",
-                "max_tokens", "temperature", "generation_params", "response_format",
-                "cells_as_text")
+InferenceCall.sent_fields = (
+    "prompt", "prompt_column", "messages_column", "system", "model", "model_column",
+    "max_tokens", "temperature", "generation_params", "response_format", "cells_as_text")
 _IMAGE_FIELDS = ("images", "image_detail")
 
 

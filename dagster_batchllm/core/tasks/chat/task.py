@@ -1,78 +1,46 @@
-"""What a run asks of a model: how rows become request items and replies become row values.
+"""The chat job's task: one ``/chat/completions`` request per row, its reply the row's value.
 
-The engine runs any :class:`Task` over any delivery (see :mod:`.delivery`) without knowing
-which, so a new kind of job is a new implementation here rather than branches through the run.
-:class:`ChatTask` is one chat completion per row, its value the reply's text or (with
-``response_format``) its parsed and validated JSON. A task whose requests carry several rows
-(embeddings, a scoring model's ``/invocations``) is a :class:`~.grouping.GroupedTask`: its
-``deliver`` puts a :class:`~.grouping.GroupingDelivery` in front of the delivery it is given.
+The value is the reply's text or (with ``response_format``) its parsed and validated JSON.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-from .call import InferenceCall
+from ...delivery.transport import CHAT_ROUTE, Completion, completion_from_payload, parse_completion
 from ...errors import RowError, StructuredOutputError
-from .outputs import ReplyParser, cut_off_hint
 from ...run.prompts import RowRequest, iter_row_requests
-from ...delivery.transport import CHAT_ROUTE, Completion, parse_completion
-
-if TYPE_CHECKING:
-    from ...delivery.online import Delivery
-
-
-class Task(Protocol):
-    #: The API route its requests go to, below an endpoint's base URL.
-    route: str
-    #: Most rows rendered at a time (None: the settings' chunk_rows). A rendered request holds
-    #: its body, so a task whose bodies are large (images) renders fewer at once.
-    max_chunk_rows: int | None
-
-    def requests(self, rows: Iterator[tuple]) -> Iterator[RowRequest | RowError]:
-        """One request item per row (a tuple of the call's input columns), or the row's error."""
-        ...
-
-    def value(self, content: str) -> Any:
-        """The row value of a stored reply; raises ``RowError`` when it is not usable."""
-        ...
-
-    def reply_value(self, completion: Completion, request: RowRequest) -> Any:
-        """The row value of a fresh reply to ``request``; raises ``RowError`` when it is not
-        usable (the error may say more than :meth:`value` can, e.g. that it was cut off)."""
-        ...
-
-    def parse_reply(self, raw: bytes, *, endpoint: str, latency_s: float) -> Completion:
-        """A 200 reply's body read into a Completion; raises ``MalformedResponseError``."""
-        ...
-
-    def deliver(self, delivery: Delivery) -> Delivery:
-        """The delivery the run uses, given the one that sends one request as it is (a task
-        that groups rows into requests wraps it; the others return it)."""
-        ...
-
+from ..base import Task, register_task
+from .call import InferenceCall
+from .outputs import ReplyParser, cut_off_hint
 
 _IMAGE_CHUNK_ROWS = 256
 
 
-class ChatTask:
+@register_task(InferenceCall)
+class ChatTask(Task):
     """One ``/chat/completions`` request per row (rows that render alike share one)."""
 
     route = CHAT_ROUTE
 
     def __init__(self, call: InferenceCall, *, default_max_tokens: int):
-        self.call = call
+        super().__init__(call)
         self.default_max_tokens = default_max_tokens
         # An image request holds its base64 body (~270 KB for a 200 KB page): 256 of them keep
         # memory flat in rows (bench/images.py: 0.3 KiB per extra row, 262 KiB at 4096).
         self.max_chunk_rows = _IMAGE_CHUNK_ROWS if call.images else None
         self._parser = ReplyParser(structured=call.structured, schema=call.schema)
 
-    parse_reply = staticmethod(parse_completion)
+    @classmethod
+    async def prepare(cls, call: InferenceCall, frame: Any, client: Any) -> ChatTask:
+        return cls(call, default_max_tokens=client.settings.default_max_tokens)
 
-    def deliver(self, delivery: Delivery) -> Delivery:
-        return delivery
+    parse_reply = staticmethod(parse_completion)
+    read_line = staticmethod(completion_from_payload)
+
+    def route_models(self, settings: Any) -> frozenset[str]:
+        return settings.models
 
     def requests(self, rows: Iterator[tuple]) -> Iterator[RowRequest | RowError]:
         return iter_row_requests(rows, self.call, default_max_tokens=self.default_max_tokens)

@@ -15,17 +15,15 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..chat.call import check_template, template_fields
 from ...errors import InferenceConfigError
 from ...settings import described
-from ...ledger.stores import validate_identifier
+from ..base import CallBase, version_of
+from ..chat.call import check_template, template_fields
 
 # OpenAI takes up to 2048 inputs per request; vLLM and TEI batch whatever they are sent.
 MAX_INPUTS_PER_REQUEST = 2048
@@ -35,8 +33,11 @@ DEFAULT_MAX_REQUEST_TOKENS = 65_536
 
 
 @dataclass(frozen=True)
-class EmbedCall:
+class EmbedCall(CallBase):
     """Which text of each row to embed, with what, and where the vectors go."""
+
+    job, entry = "embed", "embed"
+    sent_fields = ("input", "input_column", "model", "dimensions", "cells_as_text")
 
     input: str | None = described(
         "A template over the input's columns giving the text to embed, e.g. "
@@ -77,9 +78,7 @@ class EmbedCall:
                 "input_column= (a column of texts).")
         if self.input is not None:
             check_template(self.input, "input template")
-        validate_identifier(self.output_column, "output column")
-        set_(self, "error_column", self.error_column or f"{self.output_column}_error")
-        validate_identifier(self.error_column, "output column")
+        self._check_common()
         if self.dimensions is not None:
             set_(self, "dimensions", _positive("dimensions", self.dimensions))
         per_request = _positive("inputs_per_request", self.inputs_per_request)
@@ -91,24 +90,11 @@ class EmbedCall:
         for name in ("max_request_tokens", "max_input_tokens", "token_budget"):
             if getattr(self, name) is not None:
                 set_(self, name, _positive(name, getattr(self, name)))
-        set_(self, "scope", self.scope or "")
-        set_(self, "partition_key", self.partition_key or "")
 
-    @classmethod
-    def of(cls, call: EmbedCall | None = None, /, **fields: Any) -> EmbedCall:
-        """``call`` with ``fields`` changed, or a new call from ``fields``."""
-        unknown = sorted(set(fields) - _FIELD_NAMES)
-        if unknown:
-            raise InferenceConfigError(
-                f"embed() has no argument(s) {unknown}; it takes {sorted(_FIELD_NAMES)}.")
-        if call is None:
-            return cls(**fields)
-        return dataclasses.replace(call, **fields) if fields else call
-
-    def bind(self, columns: Sequence[str], embedding_models: frozenset[str],
-             chat_models: frozenset[str]) -> EmbedCall:
+    def bind(self, columns: Sequence[str], settings: Any) -> EmbedCall:
         """The call checked against a table's columns and the served embedding models, with
         the model filled in when only one is served; every mistake raises before sending."""
+        embedding_models, chat_models = settings.embedding_models, settings.models
         call = self
         if self.model is None:
             if len(embedding_models) != 1:
@@ -125,27 +111,18 @@ class EmbedCall:
             raise InferenceConfigError(
                 f"No configured endpoint serves embedding model '{call.model}'. Served "
                 f"embedding models: {sorted(embedding_models)}.{hint}")
-        missing = [c for c in call.input_columns() if c not in columns]
-        if missing:
-            raise InferenceConfigError(
-                f"Column(s) {missing} are not in the input table; available columns: "
-                f"{list(columns)}.")
+        call.check_columns(columns)
         return call
 
     def input_columns(self) -> list[str]:
         return template_fields(self.input) if self.input is not None else [self.input_column]
 
+    def columns_read(self) -> list[str]:
+        return self.input_columns()
+
     @property
     def code_version(self) -> str:
-        """A short hash of what goes into the request keys: when it changes, every row is
-        embedded again, so Dagster should call the asset stale."""
-        sent = {"task": "embed", **{name: getattr(self, name) for name in _SENT_FIELDS}}
-        text = json.dumps(sent, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
-
-
-_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(EmbedCall))
-_SENT_FIELDS = ("input", "input_column", "model", "dimensions", "cells_as_text")
+        return version_of({"task": "embed", **{n: getattr(self, n) for n in self.sent_fields}})
 
 
 def _positive(name: str, value: Any) -> int:

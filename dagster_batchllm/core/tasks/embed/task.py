@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hashlib
 import json
 import math
@@ -27,8 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from ...run.cells import cell_text
-from .call import EmbedCall
+from ...delivery.base import DelegatingDelivery, Delivery
+from ...delivery.batch_api.readers import register_line_reader
+from ...delivery.grouping import GroupingDelivery
+from ...delivery.transport import EMBEDDINGS_ROUTE, Completion, json_reply
 from ...errors import (
     ContextLengthExceededError,
     EndpointError,
@@ -37,10 +40,11 @@ from ...errors import (
     MalformedResponseError,
     RowError,
 )
-from ...delivery.grouping import GroupingDelivery
 from ...ledger.journal import JsonSafeText
+from ...run.cells import cell_text
 from ...run.prompts import RowRequest, render_template
-from ...delivery.transport import EMBEDDINGS_ROUTE, Completion, json_reply
+from ..base import Task, register_task
+from .call import EmbedCall
 
 # What one input adds to a request's token bound besides its bytes (a BOS/EOS pair or so).
 _TOKENS_PER_INPUT = 4
@@ -50,16 +54,23 @@ STORED_ENCODING = "float32-base64"
 _STORED_DTYPE = np.dtype("<f4")
 
 
-class EmbedTask:
+# A grouped reply settles a request's worth of rows at once: the writer's room (how many
+# unwritten answers pause sending) holds what every request in flight may answer, or the workers
+# would stall (and all wake) at each write. The journal keeps those answers safe from a kill
+# meanwhile; 8,192 base64 vectors of 384 dimensions are ~20 MB.
+_MAX_ROOM = 8192
+
+
+@register_task(EmbedCall)
+class EmbedTask(Task):
     """One vector per row, from ``/embeddings``; several rows per request."""
 
     route = EMBEDDINGS_ROUTE
-    max_chunk_rows: int | None = None
 
     def __init__(self, call: EmbedCall):
         if call.model is None:
             raise ValueError("EmbedTask needs a bound call (its model filled in)")
-        self.call = call
+        super().__init__(call)
         self.items_per_request = call.inputs_per_request
         self.max_request_tokens = call.max_request_tokens
         # The key's prefix: model, size and stored form as JSON (which escapes NULs), then NUL.
@@ -115,8 +126,24 @@ class EmbedTask:
             typical_prompt_tokens=sum(item.typical_prompt_tokens for item in items),
             max_tokens=0, payload=items)
 
-    def deliver(self, delivery: Any) -> GroupingDelivery:
+    def deliver(self, delivery: Delivery) -> GroupingDelivery:
         return GroupingDelivery(FloatFallback(delivery, self), self)
+
+    def batch_line(self, delivery: Delivery) -> Delivery:
+        return OneInputPerLine(delivery, self)
+
+    def route_models(self, settings: Any) -> frozenset[str]:
+        return settings.embedding_models
+
+    def run_settings(self, settings: Any, capacity: int) -> Any:
+        in_flight = capacity * self.call.inputs_per_request
+        room = max(settings.ledger_flush_rows, min(_MAX_ROOM, 2 * in_flight))
+        return settings if room == settings.ledger_flush_rows else settings.replace(
+            ledger_flush_rows=room)
+
+    @property
+    def label(self) -> str:
+        return f"embeddings of '{self.call.model}'"
 
     # -- replies into vectors ----------------------------------------------------------------
     @staticmethod
@@ -200,28 +227,53 @@ class EmbedTask:
         return True
 
 
-class FloatFallback:
+def read_embedding_line(payload: Any, *, endpoint: str, latency_s: float) -> Completion:
+    """A batch line's ``/embeddings`` reply of one input (see :class:`OneInputPerLine`) read
+    into what the ledger keeps for the row: its vector's stored form, and its usage."""
+    reply = EmbedTask.parse_reply(json.dumps(payload).encode(), endpoint=endpoint,
+                                  latency_s=latency_s)
+    if len(reply.payload) != 1:
+        raise MalformedResponseError(
+            f"a batch line of one input was answered with {len(reply.payload)} vectors")
+    content, _size = _stored_form(reply.payload[0])
+    return Completion(content=content, prompt_tokens=reply.prompt_tokens, completion_tokens=0,
+                      usage_reported=reply.usage_reported, finish_reason=None,
+                      latency_s=latency_s)
+
+
+register_line_reader(EMBEDDINGS_ROUTE, read_embedding_line)
+
+
+class OneInputPerLine(DelegatingDelivery):
+    """Embeddings through a provider's batch API: each row's input is a line of its own (a
+    line's answer is then the row's, keyed and kept as the row's request), its body the
+    request of that one input."""
+
+    def __init__(self, inner: Delivery, task: EmbedTask):
+        super().__init__(inner)
+        self.task = task
+
+    @property
+    def items_per_send(self) -> int:  # type: ignore[override]
+        return self.inner.items_per_send
+
+    async def send_many(self, requests: list[RowRequest], attempts: list[Any]
+                        ) -> list[Completion | RowError]:
+        group = self.task.group_request
+        lines = [dataclasses.replace(request, body=group([request]).body) for request in requests]
+        return await self.inner.send_many(lines, attempts)
+
+    async def send(self, request: RowRequest, attempts: Any) -> Completion:
+        return await Delivery.send(self, request, attempts)
+
+
+class FloatFallback(DelegatingDelivery):
     """The delivery of one grouped request, asking again with ``encoding_format="float"``
     when an endpoint refuses base64 (rather than failing, or splitting, the group)."""
 
-    def __init__(self, inner: Any, task: EmbedTask):
-        self.inner = inner
+    def __init__(self, inner: Delivery, task: EmbedTask):
+        super().__init__(inner)
         self.task = task
-
-    def capacity(self) -> int:
-        return self.inner.capacity()
-
-    def refusal(self, request: RowRequest) -> RowError | None:
-        return self.inner.refusal(request)
-
-    async def open(self) -> None:
-        await self.inner.open()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        return self.inner.snapshot()
 
     async def send(self, request: RowRequest, attempts: Any) -> Completion:
         try:

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import InvalidInputError, RowError, UnsupportedModelError
-from .keyed_writes import MISSING, BackgroundWrites, write_records
 from ...ledger.table import FAILED, OK, Ledger
-from .models import IN_PROCESS, ResolvedModel, load_model, short_error
-from .task import PredictCall, PredictTask
 from ...run.prompts import row_tuples
+from .keyed_writes import MISSING, BackgroundWrites, write_records
+from .models import IN_PROCESS, ResolvedModel, load_model, short_error
 from .scoring import IN_PROCESS_ENDPOINT, predict_rows
+from .task import PredictCall, PredictTask
 
 #: What this process scored this way (a Spark Python worker's own figures; tests read them).
 counters: Counter[str] = Counter()
@@ -63,7 +63,7 @@ def request_keys(frame: Any, call: PredictCall, models: dict[str, ResolvedModel]
         # Text, dates, nullable extension types: PredictTask's own per-row conversion.
         task = PredictTask(call, models)
         return [item if isinstance(item, RowError) else item.key
-                for item in task.requests(row_tuples(frame[call.input_columns_read()]))]
+                for item in task.requests(row_tuples(frame[call.columns_read()]))]
     # A numpy column cast to object holds the Python numbers itertuples gives PredictTask
     # (float, int, bool), so repr of a row's list is the text its key hashes.
     rows = features.to_numpy(dtype=object).tolist() if len(columns) > 1 else \

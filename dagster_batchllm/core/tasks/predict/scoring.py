@@ -18,15 +18,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import InvalidInputError, MalformedResponseError, RowError, UnsupportedModelError
-from .models import IN_PROCESS, ResolvedModel, load_model, short_error
-from ...run.prompts import RowRequest
+from ...delivery.base import DelegatingDelivery, Delivery
 from ...delivery.transport import Completion
+from ...errors import InvalidInputError, MalformedResponseError, RowError, UnsupportedModelError
+from ...run.prompts import RowRequest
+from .models import IN_PROCESS, ResolvedModel, load_model, short_error
 
 IN_PROCESS_ENDPOINT = "in-process"
 
 
-class InProcessScoring:
+class InProcessScoring(Delivery):
     """Scores groups of rows with pyfunc models in this process, a few groups at a time."""
 
     def __init__(self, models: dict[str, ResolvedModel], *, threads: int | None = None):
@@ -51,11 +52,8 @@ class InProcessScoring:
             return UnsupportedModelError(f"no in-process model '{request.model}'")
         return None
 
-    async def open(self) -> None:
+    async def open(self, writer: Any) -> None:
         self._slots = asyncio.Semaphore(self.threads)
-
-    async def close(self) -> None:
-        pass
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         if not self.models:
@@ -103,10 +101,11 @@ def _predict(model: ResolvedModel, columns: list[str], rows: list[list[Any]]) ->
     return predictions_list(predictions, len(rows))
 
 
-class ScoringRouter:
+class ScoringRouter(DelegatingDelivery):
     """In-process models here, served models through ``served`` (the engine's delivery)."""
 
-    def __init__(self, in_process: InProcessScoring, served: Any):
+    def __init__(self, in_process: InProcessScoring, served: Delivery):
+        super().__init__(served)
         self.in_process = in_process
         self.served = served
 
@@ -118,9 +117,9 @@ class ScoringRouter:
             return self.in_process.refusal(request)
         return self.served.refusal(request)
 
-    async def open(self) -> None:
-        await self.in_process.open()
-        await self.served.open()
+    async def open(self, writer: Any) -> None:
+        await self.in_process.open(writer)
+        await self.served.open(writer)
 
     async def close(self) -> None:
         try:

@@ -18,26 +18,28 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...errors import InferenceConfigError, InvalidInputError, MalformedResponseError, RowError
 from ...delivery.grouping import GroupingDelivery
-from .models import SERVED, ResolvedModel
-from ...run.prompts import RowRequest
-from ...results import InferenceResult
-from .scoring import ScoringRouter, plain_value
-from ...ledger.stores import validate_identifier
 from ...delivery.transport import Completion, json_reply
+from ...errors import InferenceConfigError, InvalidInputError, MalformedResponseError, RowError
+from ...results import InferenceResult
+from ...run.prompts import RowRequest
+from ..base import CallBase, Task, register_task
+from .models import SERVED, ResolvedModel
+from .scoring import InProcessScoring, ScoringRouter, plain_value
 
 if TYPE_CHECKING:
-    from ...delivery.online import Delivery
+    from ...delivery.base import Delivery
 
 INVOCATIONS_ROUTE = "/invocations"
 INPUT_FORMATS = ("dataframe_split", "dataframe_records", "inputs")
 
 
 @dataclass(frozen=True)
-class PredictCall:
+class PredictCall(CallBase):
     """What to score: the model (or a column naming each row's), the feature columns, where the
     predictions go."""
+
+    job, entry = "predict", "predict"
 
     input_columns: tuple[str, ...] = ()
     model: str | None = None
@@ -71,9 +73,7 @@ class PredictCall:
         if self.model_column in self.input_columns:
             raise InferenceConfigError(
                 f"model_column '{self.model_column}' is also an input column")
-        validate_identifier(self.output_column, "output column")
-        set_(self, "error_column", self.error_column or f"{self.output_column}_error")
-        validate_identifier(self.error_column, "output column")
+        self._check_common()
         size = self.rows_per_request
         if size is not None and (isinstance(size, bool) or not isinstance(size, int)
                                  or size < 1):
@@ -83,7 +83,7 @@ class PredictCall:
             raise InferenceConfigError(
                 f"input_format must be one of {list(INPUT_FORMATS)}, got {self.input_format!r}")
 
-    def input_columns_read(self) -> list[str]:
+    def columns_read(self) -> list[str]:
         """The frame's columns a run reads, in row-tuple order: features, then the model."""
         return list(self.input_columns) + ([self.model_column] if self.model_column else [])
 
@@ -102,11 +102,11 @@ class PredictionResult(InferenceResult):
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-class PredictTask:
+@register_task(PredictCall)
+class PredictTask(Task):
     """One item per row: the row's feature values for its model, several rows per request."""
 
     route = INVOCATIONS_ROUTE
-    max_chunk_rows = None
     max_request_tokens = None
 
     def __init__(self, call: PredictCall, models: dict[str, ResolvedModel], *,
@@ -114,12 +114,34 @@ class PredictTask:
         """``models``: each name the call uses, resolved; ``in_process``: the delivery that
         scores in-process models (:class:`~.scoring.InProcessScoring`), put in front of the
         one the engine gives for served models."""
-        self.call = call
+        super().__init__(call)
         self.models = models
         self.in_process = in_process
         self.columns = list(call.input_columns)
         per_model = [m.rows_per_batch for m in models.values() if m.kind != SERVED]
         self.items_per_request = call.rows_per_request or max(per_model, default=256)
+
+    @classmethod
+    async def prepare(cls, call: PredictCall, frame: Any, client: Any, *,
+                      models: dict[str, ResolvedModel] | None = None) -> PredictTask:
+        """``models``: resolved already (a Spark executor gets them from the driver, so every
+        worker scores the same versions); else resolved here, and in-process ones loaded."""
+        from .resolve import resolve_for_call
+
+        if models is None:
+            models = await resolve_for_call(client.settings, call, frame)
+        return cls(call, models, in_process=InProcessScoring(models))
+
+    def run_settings(self, settings: Any, capacity: int) -> Any:
+        # A group's answers settle at once: a write batch smaller than a group would hold the
+        # workers back (at the default 64, in-process scoring runs at half speed).
+        return settings.replace(ledger_flush_rows=max(settings.ledger_flush_rows,
+                                                      self.items_per_request))
+
+    def result(self, df: Any, run: Any) -> PredictionResult:
+        return PredictionResult.of_run(
+            df, run, output_column=self.call.output_column, error_column=self.call.error_column,
+            models={name: m.describe() for name, m in self.models.items()})
 
     # -- rows -> items -----------------------------------------------------------------------
     def requests(self, rows: Iterator[tuple]) -> Iterator[RowRequest | RowError]:

@@ -1,0 +1,47 @@
+"""``predict()``'s models resolved, before a row is sent.
+
+Everything that can be wrong with the call itself raises here, before anything is scored: a
+missing column, a model that nobody serves and no registry knows, a model whose signature needs
+inputs the call does not give. What can be wrong with one row (a value the model rejects, a
+model column cell naming an unknown model) is that row's error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from ...errors import InferenceConfigError
+from .models import IN_PROCESS, ResolvedModel, input_problem, load_model, resolve_models
+from .models import short_error as _short
+
+if TYPE_CHECKING:
+    from .task import PredictCall
+
+
+async def resolve_for_call(settings: Any, call: PredictCall, frame: Any
+                           ) -> dict[str, ResolvedModel]:
+    """The call's models resolved and, in-process ones, loaded and checked against the inputs
+    (a model ``call.model`` names that cannot be used raises; a model column's fails its rows)."""
+    models = await asyncio.to_thread(resolve_models, settings, call.models_named(frame))
+    for name, model in list(models.items()):
+        if model.kind == IN_PROCESS and model.error is None:
+            models[name] = await asyncio.to_thread(_loaded_and_checked, model,
+                                                   list(call.input_columns))
+    if call.model is not None and models[call.model].error:
+        raise InferenceConfigError(models[call.model].error)
+    return models
+
+
+def _loaded_and_checked(model: ResolvedModel, columns: list[str]) -> ResolvedModel:
+    import dataclasses
+
+    try:
+        pyfunc = load_model(model)
+    except Exception as exc:
+        return dataclasses.replace(
+            model, error=f"model '{model.name}' ({model.uri}) could not be loaded: {_short(exc)}")
+    problem = input_problem(pyfunc, columns)
+    if problem:
+        return dataclasses.replace(model, error=f"model '{model.name}': {problem}")
+    return model
