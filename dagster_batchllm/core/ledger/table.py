@@ -37,6 +37,20 @@ _LOOKUP_COLUMNS = ("request_key", "scope", "partition_key", "response", "prompt_
 _MAX_LEDGER_TABLE = 63 - len("ix__status_partition")
 
 
+def new_record(key: str, scope: str, partition_key: str, model: str, status: str,
+               response: str | None, error: str | None, error_type: str | None,
+               prompt_tokens: int, completion_tokens: int, attempts: int,
+               endpoint: str | None, latency_ms: float | None, run_id: str | None
+               ) -> dict[str, Any]:
+    """One ledger record as every writer makes it: every column the upsert writes (so all of
+    a write's records share its fast road)."""
+    return {"request_key": key, "scope": scope, "partition_key": partition_key,
+            "model": model, "status": status, "response": response, "error": error,
+            "error_type": error_type, "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens, "attempts": attempts,
+            "endpoint": endpoint, "latency_ms": latency_ms, "run_id": run_id}
+
+
 def _ledger_table(name: str) -> sa.Table:
     schema, _, table = name.rpartition(".")
     metadata = sa.MetaData(schema=schema or None)

@@ -29,9 +29,9 @@ from typing import Any
 from ..delivery.base import Attempts, Delivery
 from ..delivery.limits import TokenBudget
 from ..delivery.pool import EndpointPool
-from ..errors import DeferredError, ErrorType, InternalError, RowError
+from ..errors import DeferredError, InternalError, RowError
 from ..ledger.journal import AnswerJournal, fold_abandoned, journal_dir_for
-from ..ledger.table import DEFERRED, FAILED, OK, Ledger
+from ..ledger.table import OK, Ledger
 from ..ledger.writer import LedgerUnwritable, LedgerWriter
 from ..results import InferenceStats, RowStatus
 from ..settings import InferenceSettings
@@ -39,19 +39,15 @@ from ..tasks.base import Task
 from .coordination import RunCoordination
 from .figures import Progress, estimate_cost, finish_stats
 from .gc_pacing import fewer_collections
+from .outcomes import ERROR_TYPE_VALUES, RowOutcomes
 from .prompts import RowRequest, row_tuples
 
 _MAX_WORKERS = 8192
 # A stopping run (cancelled, interrupted, terminated) writes its answers for at most this long;
 # what is not written by then stays in the journal for the next run.
 _STOP_FLUSH_S = 3.0
-# The one vocabulary of row outcomes is RowStatus; the ledger's record statuses follow from it.
-_LEDGER_STATUS = {RowStatus.OK: OK, RowStatus.FAILED: FAILED, RowStatus.DEFERRED: DEFERRED}
-# The hot path's: a member of an enum class, and its ``.value``, cost a lookup through the
-# enum's machinery each time (a batch pass settles 100,000s of rows a second).
-_OK, _CACHED, _FAILED, _DEFERRED = (RowStatus.OK, RowStatus.CACHED, RowStatus.FAILED,
-                                    RowStatus.DEFERRED)
-_ERROR_TYPE_VALUES = {error_type: error_type.value for error_type in ErrorType}
+# The hot path's: a member of an enum class costs a lookup through the enum's machinery.
+_CACHED, _FAILED = RowStatus.CACHED, RowStatus.FAILED
 
 log = logging.getLogger("dagster_batchllm")
 
@@ -69,7 +65,7 @@ class KeyState:
         self.outcome: tuple[int, Any, str | None, str | None] | None = None
 
 
-class InferenceRun:
+class InferenceRun(RowOutcomes):
     def __init__(
         self,
         settings: InferenceSettings,
@@ -392,7 +388,7 @@ class InferenceRun:
                     settle_error(state, result, tried.count, tried.endpoint)
             if kept:
                 self._defer_kept(kept, kept_error.as_cell(),
-                                 _ERROR_TYPE_VALUES[kept_error.error_type])
+                                 ERROR_TYPE_VALUES[kept_error.error_type])
             if answered:
                 self._conclude_many(answered)
 
@@ -401,153 +397,6 @@ class InferenceRun:
         return DeferredError(
             f"the token budget ({budget.total}) has {budget.remaining} tokens "
             f"left, this request may need {reserve}; a later call will send it")
-
-    def _conclude(self, state: KeyState, completion: Any, attempts: Attempts) -> None:
-        """Settle ``state`` from the reply its request got."""
-        self._conclude_many([(state, completion, attempts)])
-
-    def _conclude_many(self, answered: list[tuple[KeyState, Any, Attempts]]) -> None:
-        """Settle each state from the reply its request got; the run's figures are added up
-        once for all of them (a batch pass concludes 100,000s of rows a second)."""
-        stats, latencies, reply_value = self.stats, self._latencies, self.task.reply_value
-        row_status, outputs, errors = self.row_status, self.outputs, self.errors
-        record = self._record
-        by_model = stats.tokens_by_model
-        model = per_model = None
-        prompt_sum = completed_sum = done = 0
-        for state, completion, attempts in answered:
-            request = state.request
-            latencies.append(completion.latency_s)
-            prompt, completed = completion.prompt_tokens, completion.completion_tokens
-            prompt_sum += prompt
-            completed_sum += completed
-            if request.model != model:
-                model = request.model
-                per_model = by_model.get(model)
-                if per_model is None:
-                    per_model = by_model[model] = {"prompt_tokens": 0, "completion_tokens": 0}
-            per_model["prompt_tokens"] += prompt
-            per_model["completion_tokens"] += completed
-            try:
-                value = reply_value(completion, request)
-            except RowError as exc:
-                self._settle_error(state, exc, attempts.count, attempts.endpoint,
-                                   completion.content, completion)
-                continue
-            # What _settle does for an answer, written out: this runs once per answered row.
-            state.outcome = (_OK, value, None, None)
-            rows = state.rows
-            if len(rows) == 1:
-                row = rows[0]
-                row_status[row] = _OK
-                outputs[row] = value
-                errors[row] = None
-                done += 1
-            else:
-                self._finish_rows(rows, _OK, value=value)
-            record(request, OK, completion.content, None, None, attempts.count,
-                   attempts.endpoint, completion)
-        stats.prompt_tokens += prompt_sum
-        stats.completion_tokens += completed_sum
-        self._done_rows += done
-
-    # -- outcomes ----------------------------------------------------------------------------
-    def _settle_error(self, state: KeyState, error: RowError, attempts: int = 0,
-                      endpoint: str | None = None, response: str | None = None,
-                      completion: Any = None) -> None:
-        error_type = _ERROR_TYPE_VALUES[error.error_type]
-        if isinstance(error, DeferredError):
-            if self._kept(error):
-                self._defer_kept([state], error.as_cell(), error_type)
-            else:
-                self._settle(state, _DEFERRED, None, error.as_cell(), error_type, response,
-                             attempts, endpoint, completion)
-            return
-        self._settle(state, _FAILED, None, error.as_cell(), error_type, response, attempts,
-                     endpoint, completion)
-
-    def _settle(self, state: KeyState, row_status: RowStatus, value: Any = None,
-                error: str | None = None, error_type: str | None = None,
-                response: str | None = None, attempts: int = 0, endpoint: str | None = None,
-                completion: Any = None) -> None:
-        state.outcome = (row_status, value, error, error_type)
-        self._finish_rows(state.rows, row_status, value=value, error=error,
-                          error_type=error_type)
-        if row_status != _OK:
-            self._settled_not_ok[state.request.key] = (row_status, error, error_type)
-        self._record(state.request, _LEDGER_STATUS[row_status], response, error, error_type,
-                     attempts, endpoint, completion)
-
-    def _kept(self, error: RowError) -> bool:
-        """Whether ``error`` is a deferral the delivery keeps durably (its line in the batch
-        book): it needs no ledger record, unless the record would also end the key's claim."""
-        return (isinstance(error, DeferredError) and error.kept_by_delivery
-                and self._coordination is None)
-
-    def _defer_kept(self, states: list[KeyState], cell: str, error_type: str) -> None:
-        """``_settle`` of a deferral with no record to write, written out: a batch pass
-        defers each row it puts in a file this way (those of a file share one cell)."""
-        outcome = (_DEFERRED, None, cell, error_type)
-        settled = (_DEFERRED, cell, error_type)
-        row_status, errors, error_types = self.row_status, self.errors, self.error_types
-        settled_not_ok, inflight = self._settled_not_ok, self._inflight
-        done = 0
-        for state in states:
-            state.outcome = outcome
-            rows = state.rows
-            for row in rows:
-                row_status[row] = _DEFERRED
-                errors[row] = cell
-                error_types[row] = error_type
-            done += len(rows)
-            key = state.request.key
-            settled_not_ok[key] = settled
-            # Nothing to wait for: a later row of the key finds it settled above.
-            inflight.pop(key, None)
-        self._done_rows += done
-
-    def _finish_rows(self, rows: list[int], row_status: int, *, value: Any = None,
-                     error: str | None = None, error_type: str | None = None) -> None:
-        for row in rows:
-            self.row_status[row] = row_status
-            self.outputs[row] = value
-            self.errors[row] = error
-        if error_type is not None:
-            for row in rows:
-                self.error_types[row] = error_type
-        self._done_rows += len(rows)
-        if row_status == _FAILED:
-            by_type = self.stats.errors_by_type
-            by_type[error_type or "unknown"] = by_type.get(error_type or "unknown", 0) + len(rows)
-
-    def _record(self, request: RowRequest, status: str, response: str | None = None,
-                error: str | None = None, error_type: str | None = None, attempts: int = 0,
-                endpoint: str | None = None, completion: Any = None) -> None:
-        if completion is None:
-            prompt_tokens = completion_tokens = 0
-            latency_ms = None
-        else:
-            prompt_tokens = completion.prompt_tokens
-            completion_tokens = completion.completion_tokens
-            # To the microsecond (round(x, 3) costs several times this, once per record).
-            latency_ms = round(completion.latency_s * 1_000_000) / 1000
-        key = request.key
-        self._writer.add({
-            "request_key": key,
-            "scope": self.scope,
-            "partition_key": self.partition_key,
-            "model": request.model,
-            "status": status,
-            "response": response,
-            "error": error,
-            "error_type": error_type,
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "attempts": attempts,
-            "endpoint": endpoint,
-            "latency_ms": latency_ms,
-            "run_id": self.run_id,
-        }, key)
 
     # -- ledger writes -----------------------------------------------------------------------
     def _written_to_ledger(self, keys: list[str]) -> None:

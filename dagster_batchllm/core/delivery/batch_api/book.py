@@ -25,8 +25,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ...ledger.deferrals import Deferrals
 from ...ledger.key_lists import KeyList, in_key_order
-from ...ledger.table import DEFERRED, FAILED, Ledger
+from ...ledger.table import Ledger
 from .tables import LineState, book_tables, owner_id
 
 SUBMITTING, COLLECTING, COLLECTED, SUBMIT_FAILED = (
@@ -74,14 +75,7 @@ class BatchBook:
             f"l.error, l.error_type, l.retryable, b.created_at, b.ended_at FROM {lines} l "
             f"JOIN {batches} b ON b.submission_id = l.submission_id WHERE l.request_key ")
         self._key_list = KeyList.of(self.engine.dialect.name)
-        self.ledger_table = ledger.table
-        if self._key_list is not None:
-            # SQLite: + keeps the planner on the primary key (see Ledger._ok_rows).
-            status = "+status" if mark == "?" else "status"
-            self._forget_deferred = (
-                f"DELETE FROM {_quoted(self.engine, ledger.table)} WHERE request_key "
-                f"{self._key_list.keys_in} AND scope = {mark} AND partition_key = {mark} "
-                f"AND {status} = '{DEFERRED}'")
+        self.deferrals = Deferrals(ledger)
         self._ours = (f"SELECT request_key FROM {lines} WHERE {by_key} = {mark} "
                       "AND request_key IN ")
         if mark == "?":  # SQLite: lines by rowid (see settle_lines)
@@ -177,25 +171,9 @@ class BatchBook:
                          .where(self.batches.c.submission_id == submission_id)
                          .values(updated_at=time.time()))
             if partition is not None and ours:
-                self._forget_deferrals(conn, [key for key, _ in keys if key in ours], partition)
+                self.deferrals.forget(conn, [key for key, _ in keys if key in ours],
+                                      *partition)
         return ours
-
-    def _forget_deferrals(self, conn: sa.Connection, keys: list[str],
-                          partition: tuple[str, str]) -> None:
-        t = self.ledger_table
-        if conn.execute(sa.select(t.c.request_key).where(  # usually none: a probe per key saved
-                t.c.status == DEFERRED, t.c.scope == partition[0],
-                t.c.partition_key == partition[1]).limit(1)).first() is None:
-            return
-        key_list = self._key_list
-        if key_list is None:
-            for start in range(0, len(keys), _CHUNK):
-                conn.execute(t.delete().where(
-                    t.c.request_key.in_(keys[start:start + _CHUNK]), t.c.scope == partition[0],
-                    t.c.partition_key == partition[1], t.c.status == DEFERRED))
-            return
-        for batch in key_list.batches(keys):
-            conn.exec_driver_sql(self._forget_deferred, (key_list.encode(batch), *partition))
 
     def undelivered(self, scope: str, partition_key: str, statuses: Sequence[str]
                     ) -> list[str]:
@@ -308,12 +286,8 @@ class BatchBook:
                                 .values(state=LINE_OK)).rowcount
 
     def failed_records(self, scope: str, partition_key: str) -> set[str]:
-        """The keys of the partition's failed ledger records (through the status index)."""
-        t = self.ledger_table
-        with self.engine.connect() as conn:
-            return set(conn.execute(sa.select(t.c.request_key).where(
-                t.c.status == FAILED, t.c.scope == scope,
-                t.c.partition_key == partition_key)).scalars())
+        """The keys of the partition's failed ledger records."""
+        return self.deferrals.failed_keys(scope, partition_key)
 
     # -- reading -----------------------------------------------------------------------------
     def batch(self, submission_id: str) -> dict[str, Any] | None:

@@ -45,8 +45,8 @@ from ..transport import Completion
 from .book import COLLECTED, LINE_OK, SUBMIT_FAILED, BatchBook
 from .protocol import BatchProtocol
 from .readers import read_line_body
-from .spool import NOT_YET_SUBMITTED, Gatherer, Spool, waiting_for
-from .tables import owner_id
+from .spool import Gatherer, Spool, waiting_for
+from .submit import submit_file
 
 # Keys per book transaction: a commit writes every page its inserts touched, so a larger one
 # (in key order, see in_key_order) shares pages among more of them.
@@ -410,38 +410,9 @@ class BatchDelivery(Delivery):
             # All on one thread call: a stop that cancels this task cannot leave the book
             # saying "submitting" for a batch that was in fact created.
             self.submitted[spool.submission_id] = await asyncio.to_thread(
-                self._submit_blocking, spool, endpoint)
-
-    def _submit_blocking(self, spool: Spool, endpoint: EndpointSpec) -> str | None:
-        protocol = self.protocols[endpoint.name]
-        sub = spool.submission_id
-        self.book.update_batch(sub, lines=spool.written, bytes=spool.written_bytes,
-                               owner=owner_id())
-        try:
-            batch_id, file_id = protocol.submit(
-                spool.path, route=self.route, submission_id=sub,
-                metadata={"scope": self.scope[:500], "partition": self.partition_key[:500]})
-        except Exception as exc:
-            error = protocol.api_error(exc)
-            try:  # the create may have happened, its reply lost
-                batch_id, file_id = protocol.find(sub), None
-            except Exception:
-                batch_id = None
-            if batch_id is None:
-                self.log.warning(f"batchllm: submitting batch file {sub} ({spool.written} lines) "
-                                 f"to '{endpoint.name}' failed: {error.as_cell()}")
-                self.book.update_batch(sub, status=SUBMIT_FAILED, errors=error.as_cell())
-                self.book.fail_lines(sub, error.message, error.error_type.value,
-                                     error.retryable)
-                return None
-        finally:
-            spool.path.unlink(missing_ok=True)
-        self.book.update_batch(sub, batch_id=batch_id, input_file_id=file_id,
-                               status="validating")
-        self.log.info(f"batchllm: submitted batch {batch_id} to '{endpoint.name}': "
-                      f"{spool.written} lines, {spool.written_bytes / 1e6:.1f} MB (model "
-                      f"{spool.model})")
-        return batch_id
+                submit_file, self.book, self.protocols[endpoint.name], spool, endpoint,
+                route=self.route, scope=self.scope, partition_key=self.partition_key,
+                log=self.log)
 
     async def submit_open_files(self) -> None:
         """Cut and submit the files still open, and wait for every submission."""
@@ -466,17 +437,3 @@ class BatchDelivery(Delivery):
         if self._directory is not None and not self._spools and not self._uploads:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
-
-
-def batch_name(submitted: dict[str, str | None], cell: str | None) -> str | None:
-    """A deferred row's error cell with its file's submission id replaced by the batch id."""
-    if cell is None or NOT_YET_SUBMITTED not in cell:
-        return cell
-    start = cell.index(NOT_YET_SUBMITTED) + len(NOT_YET_SUBMITTED)
-    sub = cell[start:cell.index(")", start)]
-    batch_id = submitted.get(sub)
-    if batch_id is None:
-        return cell
-    return (cell[:cell.index(NOT_YET_SUBMITTED)] + f"waiting for batch {batch_id}"
-            + cell[cell.index(")", start) + 1:])
-

@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...errors import InferenceConfigError
-from ...ledger.table import DEFERRED
 from ...results import InferenceStats, RowStatus
 from ...run.engine import InferenceRun
 from ...run.figures import estimate_cost
@@ -37,8 +36,9 @@ from ...tasks.base import CallBase, Task
 from ..limits import TokenBudget
 from .book import COLLECTED, SUBMIT_FAILED, BatchBook
 from .collect import BatchCollector, progress_line
-from .delivery import BatchDelivery, batch_name
+from .delivery import BatchDelivery
 from .protocol import protocol_for
+from .submit import batch_name
 
 MODES = ("online", "batch_api")
 ENDED_HERE = (COLLECTED, SUBMIT_FAILED)  # batches with nothing more to collect
@@ -183,14 +183,7 @@ class BatchModeCall:
                 new = renamed[cell] = (batch_name(submitted, cell) or cell
                                        if "(file " in cell else cell)
             errors[row] = new
-        table = self.client.ledger.table
-        with self.client.ledger.engine.begin() as conn:
-            for old, new in renamed.items():
-                if old != new:
-                    conn.execute(table.update().where(
-                        table.c.status == DEFERRED, table.c.error == old,
-                        table.c.scope == self.call.scope,
-                        table.c.partition_key == self.call.partition_key).values(error=new))
+        self.book.deferrals.rename(self.call.scope, self.call.partition_key, renamed)
 
     async def _wait_for(self, submissions: set[str]) -> None:
         delay = self.settings.batch_poll_initial_s

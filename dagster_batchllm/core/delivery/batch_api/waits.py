@@ -11,14 +11,11 @@ Two records say a partition's rows wait for a batch:
 
 from __future__ import annotations
 
-import re
-
 import sqlalchemy as sa
 
-from ...ledger.table import DEFERRED, Ledger
+from ...ledger.deferrals import waiting_in_ledger
+from ...ledger.table import Ledger
 from .book import BatchBook
-
-_WAIT_NAME = re.compile(r"waiting for batch (?:\(file )?([A-Za-z0-9_\-]+)")
 
 
 def waiting_for_batches(ledger: Ledger, scope: str | None = None
@@ -40,25 +37,6 @@ def waiting_for_batches(ledger: Ledger, scope: str | None = None
         for partition, name, lines in conn.execute(query):
             names = found.setdefault(partition, {})
             names[name] = names.get(name, 0) + int(lines or 0)
-    return found
-
-
-def waiting_in_ledger(ledger: Ledger, scope: str | None = None) -> dict[str, dict[str, int]]:
-    """The deferred ledger records that wait for a batch, per partition and batch (the part
-    of the ledger's deferred rows that a retry would not help)."""
-    t = ledger.table
-    query = (sa.select(t.c.partition_key, t.c.error, sa.func.count())
-             .where(t.c.status == DEFERRED, t.c.error.like("deferred: waiting for batch%"))
-             .group_by(t.c.partition_key, t.c.error))
-    if scope is not None:
-        query = query.where(t.c.scope == scope)
-    found: dict[str, dict[str, int]] = {}
-    with ledger.engine.connect() as conn:
-        for partition, error, rows in conn.execute(query):
-            match = _WAIT_NAME.search(error or "")
-            if match:
-                names = found.setdefault(partition, {})
-                names[match.group(1)] = names.get(match.group(1), 0) + int(rows)
     return found
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import InvalidInputError, RowError, UnsupportedModelError
-from ...ledger.table import FAILED, OK, Ledger
+from ...ledger.table import FAILED, OK, Ledger, new_record
 from ...run.prompts import row_tuples
 from .keyed_writes import MISSING, BackgroundWrites, write_records
 from .models import IN_PROCESS, ResolvedModel, load_model, short_error
@@ -231,12 +231,9 @@ def _record(key: str, model: str, status: str, call: PredictCall, run_id: str | 
             response: str | None = None, error: str | None = None,
             error_type: str | None = None, attempts: int, endpoint: str,
             latency_ms: float | None = None) -> dict[str, Any]:
-    """A ledger record with every field the engine's have (so the upsert takes its fast road)."""
-    return {"request_key": key, "scope": call.scope, "partition_key": call.partition_key,
-            "model": model, "status": status, "response": response, "error": error,
-            "error_type": error_type, "prompt_tokens": 0, "completion_tokens": 0,
-            "attempts": attempts, "endpoint": endpoint, "latency_ms": latency_ms,
-            "run_id": run_id}
+    """The ledger record of one scored row (no tokens: a model is not billed by them)."""
+    return new_record(key, call.scope, call.partition_key, model, status, response, error,
+                      error_type, 0, 0, attempts, endpoint, latency_ms, run_id)
 
 
 def _unusable(ref: str, model: ResolvedModel | None) -> RowError:
