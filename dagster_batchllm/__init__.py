@@ -74,24 +74,24 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .factories.inference import build_inference_asset
     from .components.inference import BatchInferenceComponent
     from .components.scoring import ModelScoringComponent
     from .core.client import InferenceClient
-    from .core.tasks.embed.call import EmbedCall
     from .core.errors import BatchLLMError, ErrorType, InferenceConfigError
     from .core.ledger.table import Ledger
-    from .core.tasks.predict.task import PredictionResult
     from .core.results import InferenceEstimate, InferenceResult, InferenceStats
     from .core.settings import EndpointSpec, InferenceSettings
+    from .core.tasks.embed.call import EmbedCall
+    from .core.tasks.predict.task import PredictionResult
     from .factories.embedding import build_embedding_asset
+    from .factories.inference import build_inference_asset
     from .factories.metadata import stats_metadata
-    from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, MlflowModel, ModelPrice
     from .factories.scoring import (
         build_model_alias_sensor,
         build_model_version_asset,
         build_scoring_asset,
     )
+    from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, MlflowModel, ModelPrice
     from .sensors.batches import build_batch_collect_sensor
     from .sensors.retry_partitions import build_new_data_sensor, build_retry_partitions_sensor
 

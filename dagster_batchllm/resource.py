@@ -14,13 +14,13 @@ from dagster._config.field_utils import Shape
 from dagster._core.definitions.definition_config_schema import DefinitionConfigSchema
 from pydantic import Field, PrivateAttr
 
-from .factories.context import read_context
-from .core.tasks.chat.call import InferenceCall
 from .core.client import InferenceClient
-from .core.tasks.embed.call import EmbedCall
 from .core.errors import InferenceConfigError
 from .core.results import InferenceEstimate, InferenceResult
 from .core.settings import DESCRIPTION, EndpointSpec, InferenceSettings, MlflowModelSpec
+from .core.tasks.chat.call import InferenceCall
+from .core.tasks.embed.call import EmbedCall
+from .factories.context import read_context
 from .managed.start import ManagedEndpointSpec, RunningEndpoint, start_managed
 
 
@@ -325,8 +325,9 @@ class BatchInferenceResource(dg.ConfigurableResource):
         replies are parsed and validated per row); ``token_budget``; ``partition_key``;
         ``mode="batch_api"`` (an endpoint's offline batch API, at its batch price) with
         ``wait=True`` (poll until answered) or ``wait=False`` (return once submitted).
-        These are the fields of :class:`~dagster_batchllm.core.tasks.chat.call.InferenceCall`; pass one
-        as ``call`` (the asset factory does) and keywords change it. Pass ``context=`` (an asset
+        These are the fields of
+        :class:`~dagster_batchllm.core.tasks.chat.call.InferenceCall`; pass one as ``call``
+        (the asset factory does) and keywords change it. Pass ``context=`` (an asset
         context) to record its run id, partition key and asset key in the ledger and log
         through it.
         """
@@ -338,7 +339,9 @@ class BatchInferenceResource(dg.ConfigurableResource):
 
     def estimate(self, df: Any, call: InferenceCall | None = None, /, *, context: Any = None,
                  **kwargs: Any) -> InferenceEstimate:
-        """A dry run with the same arguments as :meth:`infer`: counts, tokens and cost."""
+        """A dry run with the same arguments as :meth:`infer` (or as :meth:`embed` /
+        :meth:`predict` with ``task="embed"`` / ``"predict"``, or any job's call): counts,
+        tokens and cost; nothing is sent."""
         return self.client.estimate(df, call, **kwargs)
 
     def predict(self, df: Any, call: Any = None, /, *, context: Any = None,
@@ -351,6 +354,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
         :class:`~dagster_batchllm.core.tasks.predict.task.PredictionResult` (``.models`` says which
         version each model name resolved to)."""
         return self.client.predict(df, call, **_context_kwargs(context, call, kwargs))
+
     def embed(self, df: Any, call: EmbedCall | None = None, /, *, context: Any = None,
               **kwargs: Any) -> InferenceResult:
         """One float32 vector (1-D numpy array) per row of ``df`` from a model of an
@@ -367,6 +371,15 @@ class BatchInferenceResource(dg.ConfigurableResource):
     async def aembed(self, df: Any, call: EmbedCall | None = None, /, *, context: Any = None,
                      **kwargs: Any) -> InferenceResult:
         return await self.client.aembed(df, call, **_context_kwargs(context, call, kwargs))
+
+    def run_call(self, df: Any, call: Any, /, *, context: Any = None,
+                 **kwargs: Any) -> InferenceResult:
+        """Any job's ``call`` over ``df`` (a call whose task is registered, see
+        :mod:`dagster_batchllm.core.tasks.base`); ``context=`` as for :meth:`infer`, and
+        ``mode=``, ``wait=``, ``collect_keys=``, ``supersede_stale=`` as for ``infer``."""
+        merged = _context_kwargs(context, call, kwargs)
+        fields = {name: merged.pop(name) for name in ("partition_key", "scope") if name in merged}
+        return self.client.run_call(df, type(call).of(call, **fields), **merged)
 
     @property
     def ledger(self):

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any
 
+from ..core.errors import ErrorType, InferenceConfigError, RowError
 from ..core.tasks.chat.call import (
     GENERATION_PARAMS,
     InferenceCall,
     literal_template,
     normalize_response_format,
 )
-from ..core.errors import ErrorType, InferenceConfigError, RowError
 from .schemas import to_json_schema, type_from_schema
 from .types import STRING, SQLType, parse_type, struct
 

@@ -276,7 +276,7 @@ class InferenceSettings:
 
     def batch_endpoint_for(self, model: str) -> EndpointSpec | None:
         """The first endpoint with ``batch_api=True`` that serves ``model``."""
-        return next((e for e in self.endpoints if e.batch_api and model in e.models), None)
+        return next((e for e in self.endpoints if e.batch_api and model in e.served_models), None)
 
     def replace(self, **changes) -> InferenceSettings:
         return dataclasses.replace(self, **changes)

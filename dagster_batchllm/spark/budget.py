@@ -35,8 +35,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..core.errors import InferenceConfigError
-from ..core.ledger.table import Ledger
 from ..core.ledger.stores import validate_identifier
+from ..core.ledger.table import Ledger
 
 
 def _budget_table(ledger_table: str) -> sa.Table:

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..core.tasks.chat.call import template_fields
 from ..core.errors import InferenceConfigError
+from ..core.tasks.chat.call import template_fields
 from . import worker
 from .active import active_ai
 from .job import RESULT_STRUCT_DDL, ROUTED_MODEL_COLUMN

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from ..factories.context import read_context
-from ..core.tasks.chat.call import literal_template
 from ..core.errors import InferenceConfigError
 from ..core.ledger.table import Ledger
 from ..core.settings import InferenceSettings
+from ..core.tasks.chat.call import literal_template
+from ..factories.context import read_context
 from . import active, columns, grouped
 from .budget import SharedTokenBudget, require_shared_store
 from .job import (

@@ -36,11 +36,11 @@ import pandas as pd
 from ..ai_functions.calls import sendable
 from ..ai_functions.documents import parse_document_value
 from ..ai_functions.outcomes import AIQueryError
-from ..core.tasks.chat.call import InferenceCall
 from ..core.client import InferenceClient
 from ..core.errors import DeferredError, ErrorType, RowError
 from ..core.run.prompts import iter_row_requests, row_tuples
 from ..core.settings import InferenceSettings
+from ..core.tasks.chat.call import InferenceCall
 from .budget import SharedTokenBudget
 from .job import (
     ERROR_FIELD,

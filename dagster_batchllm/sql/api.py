@@ -17,11 +17,11 @@ import threading
 import weakref
 from typing import Any
 
-from ..factories.context import read_context
 from ..core.client import InferenceClient
 from ..core.errors import InferenceConfigError
 from ..core.results import InferenceStats
 from ..core.settings import InferenceSettings
+from ..factories.context import read_context
 from .dialects import translate
 from .duckdb_engine import DuckDBFunctions
 from .runtime import Runtime
