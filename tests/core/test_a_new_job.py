@@ -39,9 +39,8 @@ class Reverser:
 
 
 @dataclass(frozen=True)
-class ReverseCall(CallBase):
-    job = "reverse"
-    sent_fields = ("column", "model")
+class TextCall(CallBase):
+    """The fields of a job over one text column (the call classes below share them)."""
 
     column: str = "text"
     model: str | None = MODEL
@@ -55,6 +54,12 @@ class ReverseCall(CallBase):
 
     def columns_read(self) -> list[str]:
         return [self.column]
+
+
+@dataclass(frozen=True)
+class ReverseCall(TextCall):
+    job = "reverse"
+    sent_fields = ("column", "model")
 
 
 @register_task(ReverseCall)
@@ -128,17 +133,8 @@ def test_a_new_job_runs_through_the_batch_api(sim, tmp_path):
 
 
 @dataclass(frozen=True)
-class Unregistered(CallBase):
-    output_column: str = "out"
-    error_column: str | None = None
-    scope: str = ""
-    partition_key: str = ""
-
-    def __post_init__(self) -> None:
-        self._check_common()
-
-    def columns_read(self) -> list[str]:
-        return ["text"]
+class Unregistered(TextCall):
+    """A job's call whose task nobody registered (ReverseCall's task is not its base's)."""
 
 
 def test_a_call_of_no_registered_job_says_how_to_register_one(sim, tmp_path):
