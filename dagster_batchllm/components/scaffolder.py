@@ -14,10 +14,38 @@ Example::
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import ClassVar, Generic, TypeVar
 
 import dagster as dg
 from dagster.components import Scaffolder, ScaffoldRequest
 from pydantic import BaseModel, Field
+
+Params = TypeVar("Params", bound=BaseModel)
+
+
+class DefsYamlScaffolder(Scaffolder[Params], Generic[Params]):
+    """Writes ``defs.yaml`` (only: a component declared in Python needs no scaffold), from
+    ``--json-params`` or the parameters' defaults."""
+
+    component: ClassVar[str]
+    params: ClassVar[type[BaseModel]]
+    #: (component type name, the folder's name, the parameters) -> the defs.yaml text
+    text: ClassVar[Callable[[str, str, BaseModel], str]]
+
+    @classmethod
+    def get_scaffold_params(cls) -> type[BaseModel]:
+        return cls.params
+
+    def scaffold(self, request: ScaffoldRequest[Params]) -> None:
+        if request.scaffold_format != "yaml":
+            raise dg.DagsterInvalidDefinitionError(
+                f"{self.component} scaffolds a defs.yaml only; run dg scaffold without "
+                "--format python.")
+        params = request.params or self.params()
+        request.target_path.mkdir(parents=True, exist_ok=True)
+        (request.target_path / "defs.yaml").write_text(
+            self.text(request.type_name, request.target_path.name, params))
 
 
 class InferenceScaffoldParams(BaseModel):
@@ -29,22 +57,6 @@ class InferenceScaffoldParams(BaseModel):
                         description="A prompt template over the source table's columns.")
     output_column: str = Field(default="output", description="The column for the answers.")
     model: str | None = Field(default=None, description="The model (default: the resource's).")
-
-
-class InferenceScaffolder(Scaffolder[InferenceScaffoldParams]):
-    @classmethod
-    def get_scaffold_params(cls) -> type[InferenceScaffoldParams]:
-        return InferenceScaffoldParams
-
-    def scaffold(self, request: ScaffoldRequest[InferenceScaffoldParams]) -> None:
-        if request.scaffold_format != "yaml":
-            raise dg.DagsterInvalidDefinitionError(
-                "BatchInferenceComponent scaffolds a defs.yaml only; run dg scaffold without "
-                "--format python.")
-        params = request.params or InferenceScaffoldParams()
-        request.target_path.mkdir(parents=True, exist_ok=True)
-        (request.target_path / "defs.yaml").write_text(
-            defs_yaml(request.type_name, request.target_path.name, params))
 
 
 def yaml_text(value: str) -> str:
@@ -103,25 +115,6 @@ class ScoringScaffoldParams(BaseModel):
     output_column: str = Field(default="prediction", description="The prediction column.")
 
 
-class ScoringScaffolder(Scaffolder[ScoringScaffoldParams]):
-    """A complete, commented defs.yaml that loads as it is (the model is only looked up when
-    the asset runs), for the user to point at their table, model and registry."""
-
-    @classmethod
-    def get_scaffold_params(cls) -> type[ScoringScaffoldParams]:
-        return ScoringScaffoldParams
-
-    def scaffold(self, request: ScaffoldRequest[ScoringScaffoldParams]) -> None:
-        if request.scaffold_format != "yaml":
-            raise dg.DagsterInvalidDefinitionError(
-                "ModelScoringComponent scaffolds a defs.yaml only; run dg scaffold without "
-                "--format python.")
-        params = request.params or ScoringScaffoldParams()
-        request.target_path.mkdir(parents=True, exist_ok=True)
-        (request.target_path / "defs.yaml").write_text(
-            scoring_defs_yaml(request.type_name, request.target_path.name, params))
-
-
 def scoring_defs_yaml(type_name: str, name: str, params: ScoringScaffoldParams) -> str:
     columns = ", ".join(yaml_text(c) for c in params.input_columns)
     return (
@@ -149,3 +142,21 @@ def scoring_defs_yaml(type_name: str, name: str, params: ScoringScaffoldParams) 
         "    mlflow_registry_uri: sqlite:///mlflow.db   # your MLflow registry\n"
         "    store_url: sqlite:///batchllm.db   # the results ledger: any SQLAlchemy URL\n"
     )
+
+
+class InferenceScaffolder(DefsYamlScaffolder[InferenceScaffoldParams]):
+    """A complete, commented defs.yaml that loads as it is, on the embedded default endpoint,
+    for the user to point at their table and endpoints."""
+
+    component = "BatchInferenceComponent"
+    params = InferenceScaffoldParams
+    text = staticmethod(defs_yaml)
+
+
+class ScoringScaffolder(DefsYamlScaffolder[ScoringScaffoldParams]):
+    """A complete, commented defs.yaml that loads as it is (the model is only looked up when
+    the asset runs), for the user to point at their table, model and registry."""
+
+    component = "ModelScoringComponent"
+    params = ScoringScaffoldParams
+    text = staticmethod(scoring_defs_yaml)

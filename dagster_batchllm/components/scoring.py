@@ -1,12 +1,15 @@
 """``ModelScoringComponent``: declare a scoring asset (an MLflow model over a table) in YAML.
 
-It resolves its attributes from YAML and calls :func:`~..scoring_assets.build_scoring_asset`,
-so an asset built from YAML is the one built in Python (partitions, metadata with the model's
-name, version and alias, checks, a code version that follows the model version). As in
-:class:`~.inference.BatchInferenceComponent`, ``asset_attributes`` are Dagster's own and
-``resource`` is the resource's fields. ``model_version`` also builds the observable asset of the
-registry version the scores depend on (:func:`~..scoring_assets.build_model_version_asset`), and
-``alias_sensor`` the sensor that re-scores when the alias moves.
+It resolves its attributes from YAML and calls
+:func:`~dagster_batchllm.factories.scoring.build_scoring_asset`, so an asset built from YAML is
+the one built in Python (partitions, metadata with the model's name, version and alias, checks,
+a code version that follows the model version). As in
+:class:`~.inference.BatchInferenceComponent`, the factory's shared keywords come from
+:class:`~dagster_batchllm.factories.shared.AssetOptions` (see :mod:`.attributes`),
+``asset_attributes`` are Dagster's own and ``resource`` is the resource's fields.
+``model_version`` also builds the observable asset of the registry version the scores depend on
+(:func:`~dagster_batchllm.factories.scoring.build_model_version_asset`), and ``alias_sensor``
+the sensor that re-scores when the alias moves.
 """
 
 from dataclasses import dataclass
@@ -19,14 +22,12 @@ from ..factories.scoring import (
     build_model_version_asset,
     build_scoring_asset,
 )
-from .inference import (
-    ResolvedAssetAttributes,
-    ResolvedPartitionColumn,
-    ResolvedPartitionsDefinition,
-    _as_resolved,
-)
+from .attributes import as_resolved, factory_option_attributes, values, with_attributes
 from .resource_attributes import ResolvedResource
 from .scaffolder import ScoringScaffolder
+
+# The factory's keywords every asset factory shares (name, source, partitions, checks, ...).
+FACTORY_ATTRIBUTES = factory_option_attributes(build_scoring_asset)
 
 
 @dataclass
@@ -47,7 +48,7 @@ class ModelVersionArgs(dg.Resolvable):
 @dataclass
 class AliasSensorArgs(dg.Resolvable):
     """The sensor that watches ``model_version``'s alias (see
-    :func:`~..scoring_assets.build_model_alias_sensor`)."""
+    :func:`~dagster_batchllm.factories.scoring.build_model_alias_sensor`)."""
 
     minimum_interval_seconds: int = 60
     rerun: Annotated[bool, dg.Resolver.default(
@@ -60,6 +61,7 @@ class AliasSensorArgs(dg.Resolvable):
 
 @dg.scaffold_with(ScoringScaffolder)
 @dataclass
+@with_attributes(FACTORY_ATTRIBUTES)
 class ModelScoringComponent(dg.Component, dg.Resolvable):
     """Scores an upstream table with a traditional ML model (MLflow), declared in YAML.
 
@@ -90,15 +92,13 @@ class ModelScoringComponent(dg.Component, dg.Resolvable):
     loads as it is (see :mod:`.scaffolder`).
     """
 
-    name: Annotated[str, dg.Resolver.default(
-        description="The asset's name (also the ledger scope of its rows).")]
-    # The upstream asset whose table is scored, e.g. features or warehouse/calls.
-    source: dg.ResolvedAssetKey
+    # with_attributes adds one attribute per keyword every asset factory takes (name, source,
+    # partitions_def, ...: FACTORY_ATTRIBUTES).
     input_columns: Annotated[list[str], dg.Resolver.default(
         description="The columns the model reads, named as its features.")]
     # `model` in the YAML (Resolvable owns a model() classmethod, so not the attribute's name).
     model_name: Annotated[str | None, dg.Resolver(
-        _as_resolved, model_field_name="model", model_field_type=str | None,
+        as_resolved, model_field_name="model", model_field_type=str | None,
         description="The model: a name of the resource's mlflow_models, a model an mlflow "
         "endpoint serves, or a URI (models:/risk@champion). Or model_column.")] = None
     model_column: Annotated[str | None, dg.Resolver.default(
@@ -109,24 +109,12 @@ class ModelScoringComponent(dg.Component, dg.Resolvable):
     rows_per_request: Annotated[int | None, dg.Resolver.default(
         description="Most rows in one predict() / one /invocations request (default: the "
         "model's rows_per_batch).")] = None
-    partitions_def: ResolvedPartitionsDefinition = None
-    partition_column: ResolvedPartitionColumn = None
-    key_columns: Annotated[list[str] | None, dg.Resolver.default(
-        description="Input columns that identify a row (e.g. [row_id]); the metadata's table "
-        "of failed rows names them by these.")] = None
-    resource_key: str = "llm"
-    warn_failed_rate: Annotated[float, dg.Resolver.default(
-        description="failed_row_rate check: WARN above this share of failed rows.")] = 0.01
-    error_failed_rate: Annotated[float, dg.Resolver.default(
-        description="failed_row_rate check: ERROR above this share of failed rows.")] = 0.10
-    preview_rows: int = 5
     model_version: Annotated[ModelVersionArgs | None, dg.Resolver.default(
         description="Also build the observable asset of the model's registry version: the "
         "scores depend on it, their code version follows it.")] = None
     alias_sensor: Annotated[AliasSensorArgs | None, dg.Resolver.default(
         description="Also build the sensor that marks the scores stale and re-scores them "
         "when model_version's alias moves (needs model_version).")] = None
-    asset_attributes: ResolvedAssetAttributes = None
     resource: ResolvedResource = None
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
@@ -138,14 +126,10 @@ class ModelScoringComponent(dg.Component, dg.Resolvable):
                 name=self.model_version.name, model_uri=uri, registry_uri=registry,
                 group_name=(self.asset_attributes or {}).get("group_name"))
         asset = build_scoring_asset(
-            name=self.name, source=self.source, input_columns=self.input_columns,
+            **values(self, FACTORY_ATTRIBUTES), input_columns=self.input_columns,
             model=self.model_name, model_column=self.model_column,
             output_column=self.output_column, model_asset=model_asset,
-            partitions_def=self.partitions_def, partition_column=self.partition_column,
-            key_columns=self.key_columns, rows_per_request=self.rows_per_request,
-            resource_key=self.resource_key, warn_failed_rate=self.warn_failed_rate,
-            error_failed_rate=self.error_failed_rate, preview_rows=self.preview_rows,
-            asset_attributes=self.asset_attributes)
+            rows_per_request=self.rows_per_request)
         sensors = []
         if self.alias_sensor is not None:
             if model_asset is None:

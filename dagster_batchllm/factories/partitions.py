@@ -12,9 +12,9 @@ from typing import Any
 
 import dagster as dg
 
+from ..core.results import InferenceStats
 from .checks import check_events, inference_check_results
 from .context import read_context
-from ..core.results import InferenceStats
 from .metadata import failed_rows_table, row_figures
 
 # Each row's place in the input while a multi-partition run works partition by partition.

@@ -18,20 +18,18 @@
 import hashlib
 import json
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import dagster as dg
 
-from .inference import _asset_attributes, _asset_key
-from .checks import inference_check_specs
 from ..core.errors import InferenceConfigError
+from ..core.ledger.stores import validate_identifier
+from ..core.settings import InferenceSettings, MlflowModelSpec
 from ..core.tasks.predict.models import ResolvedModel, resolve_models
 from ..core.tasks.predict.task import PredictCall
-from ..core.settings import InferenceSettings, MlflowModelSpec
-from ..core.ledger.stores import validate_identifier
-from .metadata import column_schema, table_figures
-from .partitions import call_per_partition, partition_events
+from .partitions import Figures, LogLine
+from .shared import AssetJob, AssetOptions, asset_factory, asset_key_of, build_asset
 
 MODEL_URI = "batchllm/model_uri"
 REGISTRY_URI = "batchllm/registry_uri"
@@ -89,10 +87,11 @@ def _watched(model_asset: dg.SourceAsset) -> tuple[str, str | None]:
     return value(uri), value(registry) if registry is not None else None
 
 
+@asset_factory(without=("backfill_policy", "transform", "io_manager_key", "kinds", "tags",
+                         "owners", "pool"))
 def build_scoring_asset(
+    options: AssetOptions,
     *,
-    name: str,
-    source: Any,
     input_columns: Sequence[str],
     model: str | None = None,
     model_column: str | None = None,
@@ -100,17 +99,7 @@ def build_scoring_asset(
     model_asset: dg.SourceAsset | None = None,
     deps: Sequence[Any] | None = None,
     prepare: Callable[[Any], Any] | None = None,
-    partitions_def: dg.PartitionsDefinition | None = None,
-    partition_column: str | None = None,
-    key_columns: Sequence[str] | None = None,
     rows_per_request: int | None = None,
-    resource_key: str = "llm",
-    group_name: str | None = None,
-    description: str | None = None,
-    warn_failed_rate: float = 0.01,
-    error_failed_rate: float = 0.10,
-    preview_rows: int = 5,
-    asset_attributes: Mapping[str, Any] | None = None,
 ) -> dg.AssetsDefinition:
     """A software-defined asset scoring an upstream table with an MLflow model.
 
@@ -137,97 +126,90 @@ def build_scoring_asset(
                                      input_columns=["f1", "f2"], output_column="risk",
                                      model_asset=risk_model)
     """
-    where = f"build_scoring_asset('{name}')"
-    try:
-        validate_identifier(name, "name")
+
+    def job() -> ScoringJob:
         call = PredictCall(input_columns=tuple(input_columns), model=model,
                            model_column=model_column, output_column=output_column,
                            rows_per_request=rows_per_request)
-    except InferenceConfigError as exc:
-        raise dg.DagsterInvalidDefinitionError(f"{where}: {exc}") from None
-    if partition_column is not None and partitions_def is None:
-        raise dg.DagsterInvalidDefinitionError(
-            f"{where}: partition_column is only meaningful with partitions_def.")
-    attributes = _asset_attributes(where, asset_attributes, group_name=group_name,
-                                   description=description)
-    asset_key = dg.AssetKey([name])
-    watched = _watched(model_asset) if model_asset is not None else None
-    version = _version_at_load(*watched) if watched else None
-    code_version = hashlib.sha256(json.dumps([
-        list(call.input_columns), call.model, call.model_column, call.output_column,
-        version.identity if version is not None else None]).encode()).hexdigest()[:16]
-    who = f"model `{model}`" if model else f"per-row models from column `{model_column}`"
-    if version is not None and version.version:
-        who += f" ({watched[0]}: version {version.version} when the definitions loaded)"
-    key_columns = list(key_columns or [])
-    backfill_policy = None
-    if partitions_def is not None:
-        backfill_policy = (dg.BackfillPolicy.single_run() if partition_column
-                           else dg.BackfillPolicy.multi_run(1))
+        return ScoringJob(call, model_asset=model_asset, deps=deps, prepare=prepare)
 
-    def _scoring_asset(context: dg.AssetExecutionContext, source_table):
-        llm = getattr(context.resources, resource_key)
-        if prepare is not None:
-            source_table = prepare(source_table)
-        missing = [c for c in key_columns if c not in source_table.columns]
-        if missing:
-            raise dg.Failure(f"{where}: key_columns {missing} are not in the input table.")
-        scored, table = call_per_partition(
-            context, source_table, partition_column,
-            lambda frame, key: llm.predict(frame, call, context=context, partition_key=key,
-                                           supersede_stale=key is not None))
-        schema = column_schema(table, {
-            output_column: "The model's prediction; null where the row failed.",
-            call.error_column: "Why the row has no prediction, as '<error_type>: <reason>'."})
+    return build_asset("build_scoring_asset", options, job)
+
+
+class ScoringJob(AssetJob):
+    """A prediction per row from an MLflow model; the code version follows the model version
+    the watched alias resolves to when the definitions load."""
+
+    kinds = frozenset({"mlflow", "pandas"})
+    call: PredictCall
+
+    def __init__(self, call: PredictCall, *, model_asset: dg.SourceAsset | None,
+                 deps: Sequence[Any] | None, prepare: Callable[[Any], Any] | None) -> None:
+        super().__init__(call)
+        self.model_asset, self.upstream, self.prepare_table = model_asset, deps or [], prepare
+        self.watched = _watched(model_asset) if model_asset is not None else None
+        self.version = _version_at_load(*self.watched) if self.watched else None
+        self._code_version = hashlib.sha256(json.dumps([
+            list(call.input_columns), call.model, call.model_column, call.output_column,
+            self.version.identity if self.version is not None else None]).encode()
+        ).hexdigest()[:16]
+
+    def send(self, llm: Any, frame: Any, **run: Any) -> Any:
+        return llm.predict(frame, self.call, **run)
+
+    def code_version(self) -> str:
+        return self._code_version
+
+    def deps(self) -> list[Any]:
+        return [*([self.model_asset.key] if self.model_asset is not None else []),
+                *(asset_key_of(d) for d in self.upstream)]
+
+    def prepare(self, table: Any) -> Any:
+        return self.prepare_table(table) if self.prepare_table is not None else table
+
+    def description(self) -> str:
+        call = self.call
+        who = (f"model `{call.model}`" if call.model
+               else f"per-row models from column `{call.model_column}`")
+        if self.version is not None and self.version.version:
+            loaded = f"version {self.version.version} when the definitions loaded"
+            who += f" ({self.watched[0]}: {loaded})"
+        return (f"Scores with {who}: features "
+                f"{', '.join(f'`{c}`' for c in call.input_columns)}; predictions in "
+                f"`{call.output_column}`, failed rows' reasons in `{call.error_column}`. "
+                f"Code version `{self._code_version}` covers the model version.")
+
+    def column_docs(self, input_columns: Sequence[str]
+                    ) -> tuple[dict[str, str], dict[str, str]]:
+        return {
+            self.call.output_column: "The model's prediction; null where the row failed.",
+            self.call.error_column: "Why the row has no prediction, as '<error_type>: "
+                                    "<reason>'.",
+        }, {}
+
+    def figures(self, llm: Any, asset: str) -> tuple[Figures, LogLine]:
+        """What the run did (requests, speed) and which model versions answered."""
+        model = self.call.model
 
         def figures(key, result, stats, rows_out):
-            out: dict[str, Any] = {**table_figures(rows_out, preview_rows, schema=schema)}
-            if result is not None:
-                out.update({
-                    "batchllm/run/requests": stats.requests,
-                    "batchllm/run/rows_per_s": round(stats.rows_per_s, 2),
-                    "batchllm/run/elapsed_s": round(stats.elapsed_s, 3),
-                    "batchllm/models": dg.MetadataValue.json(result.models),
-                })
-                if model is not None:
-                    out.update(_model_metadata(result.models.get(model, {}), model))
-            return out
+            if result is None:
+                return {}
+            return {
+                "batchllm/run/requests": stats.requests,
+                "batchllm/run/rows_per_s": round(stats.rows_per_s, 2),
+                "batchllm/run/elapsed_s": round(stats.elapsed_s, 3),
+                "batchllm/models": dg.MetadataValue.json(result.models),
+                **(_model_metadata(result.models.get(model, {}), model)
+                   if model is not None else {}),
+            }
 
         def log_line(key, result, stats, rows_out):
             if result is None:
                 return None
-            return (f"batchllm: {name} {key or ''}: {stats.summary()}; models "
+            return (f"batchllm: {asset} {key or ''}: {stats.summary()}; models "
                     f"{json.dumps(result.models)}")
 
-        yield from partition_events(
-            context, asset_key, table, scored, source_table, partition_column=partition_column,
-            key_columns=key_columns, warn_failed_rate=warn_failed_rate,
-            error_failed_rate=error_failed_rate, figures=figures, log_line=log_line)
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", dg.BetaWarning)  # backfill_policy is "beta"
-        return dg.asset(
-            name=name,
-            ins={"source_table": dg.AssetIn(key=_asset_key(source))},
-            partitions_def=partitions_def,
-            backfill_policy=backfill_policy,
-            check_specs=inference_check_specs(asset_key, partitions_def),
-            required_resource_keys={resource_key},
-            **{**attributes,
-               "deps": [*([model_asset.key] if model_asset is not None else []),
-                        *(_asset_key(d) for d in [*(deps or []),
-                                                  *(attributes.get("deps") or [])])] or None,
-               "kinds": set(attributes.get("kinds") or {"mlflow", "pandas"}),
-               # The user's own code_version is their call (it then no longer follows the model).
-               "code_version": attributes.get("code_version") or code_version,
-               "description": attributes.get("description") or (
-                   f"Scores with {who}: features "
-                   f"{', '.join(f'`{c}`' for c in call.input_columns)}; predictions in "
-                   f"`{output_column}`, failed rows' reasons in `{call.error_column}`. "
-                   f"Code version `{code_version}` covers the model version."),
-               "metadata": {**(attributes.get("metadata") or {}),
-                            "batchllm/output_column": output_column}},
-        )(_scoring_asset)
+        return figures, log_line
 
 
 def _version_at_load(model_uri: str, registry_uri: str | None) -> ResolvedModel | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dagster as dg
 import pandas as pd
 import pytest
-import yaml
 from dagster.components.core.package_entry import get_package_objects_in_module
 from dagster.components.testing import create_defs_folder_sandbox
 
@@ -23,6 +22,7 @@ from dagster_batchllm.simulator.mlflow_registry import (
     fit_risk_model,
     two_risk_versions,
 )
+from tests.dagster.defs_yaml import loaded_defs_yaml
 
 FEATURES = ["f1", "f2"]
 
@@ -65,13 +65,9 @@ def _attributes(registry, tmp_path) -> dict:
 def _load(attributes):
     """The component and its definitions, as a code location loading ``defs.yaml`` builds
     them."""
-    with create_defs_folder_sandbox() as sandbox:
-        path = sandbox.defs_folder_path / "risk_scores"
-        path.mkdir()
-        (path / "defs.yaml").write_text(yaml.safe_dump(
-            {"type": "dagster_batchllm.ModelScoringComponent", "attributes": attributes}))
-        with sandbox.load_component_and_build_defs(defs_path=path) as (component, defs):
-            return component, defs
+    with loaded_defs_yaml("dagster_batchllm.ModelScoringComponent", attributes,
+                          "risk_scores") as loaded:
+        return loaded
 
 
 def test_the_scoring_component_loads_from_defs_yaml_and_materializes(registry, tmp_path):

@@ -175,8 +175,7 @@ def test_the_example_finds_similar_earlier_calls_of_high_risk_ones(tmp_path, ins
 
 
 def test_a_components_yaml_declares_embedding_models(embed_sim, tmp_path):
-    import yaml
-    from dagster.components.testing import create_defs_folder_sandbox
+    from tests.dagster.defs_yaml import loaded_defs_yaml
 
     attributes = {
         "name": "answers", "source": "notes", "prompt": "Answer: {text}", "output_column": "a",
@@ -184,13 +183,9 @@ def test_a_components_yaml_declares_embedding_models(embed_sim, tmp_path):
                                     "models": ["sim-model"], "embedding_models": [EMBED]}],
                      "store_url": f"sqlite:///{tmp_path / 'ledger.db'}"},
     }
-    with create_defs_folder_sandbox() as sandbox:
-        path = sandbox.defs_folder_path / "answers"
-        path.mkdir()
-        (path / "defs.yaml").write_text(yaml.safe_dump(
-            {"type": "dagster_batchllm.BatchInferenceComponent", "attributes": attributes}))
-        with sandbox.load_component_and_build_defs(defs_path=path) as (_, defs):
-            llm = dict(defs.resources)["llm"]
+    with loaded_defs_yaml("dagster_batchllm.BatchInferenceComponent", attributes,
+                          "answers") as (_, defs):
+        llm = dict(defs.resources)["llm"]
     try:
         assert llm.to_settings().embedding_models == frozenset({EMBED})
         result = llm.embed(pd.DataFrame({"text": ["from yaml"]}), input_column="text")
