@@ -24,7 +24,7 @@ from ..core.delivery.batch_api.collect import BatchCollector
 from ..core.delivery.batch_api.protocol import protocol_for
 from ..core.delivery.batch_api.waits import waiting_for_batches
 from ..core.ledger.table import Ledger
-from .common import _asset_key, _missing_sqlite_file, _single_asset
+from .common import _missing_sqlite_file, watched_asset
 
 BATCH_COLLECT_TAG = "batchllm/collect"
 _DONE = (*ENDED, COLLECTED, SUBMIT_FAILED, "collecting")
@@ -56,21 +56,16 @@ def build_batch_collect_sensor(
                                           partitions_def=days, mode="batch_api", wait=False)
         sensors = [build_batch_collect_sensor(summaries, resource=llm)]
     """
-    key, partitions_def = _single_asset(asset, "build_batch_collect_sensor")
-    where = f"build_batch_collect_sensor('{key.to_user_string()}')"
-    if partitions_def is None:
-        raise dg.DagsterInvalidDefinitionError(
-            f"{where}: the asset has no partitions_def; an unpartitioned asset with wait=False "
-            "collects its batches on its next materialization.")
+    watched = watched_asset(
+        "build_batch_collect_sensor", asset, also_materialize=also_materialize,
+        minimum_interval_seconds=minimum_interval_seconds,
+        unpartitioned="; an unpartitioned asset with wait=False collects its batches on its "
+        "next materialization.")
     if not hasattr(resource, "to_settings"):
         raise dg.DagsterInvalidDefinitionError(
-            f"{where}: resource= must be the BatchInferenceResource the asset uses, got "
+            f"{watched.where}: resource= must be the BatchInferenceResource the asset uses, got "
             f"{type(resource).__name__}.")
-    if minimum_interval_seconds < 1:
-        raise dg.DagsterInvalidDefinitionError(
-            f"{where}: minimum_interval_seconds must be at least 1.")
-    selection = [key, *(_asset_key(a) for a in also_materialize if _asset_key(a) != key)]
-    scope = key.to_user_string()
+    scope, selection = watched.scope, watched.selection
 
     def evaluate(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         settings = resource.to_settings()
@@ -116,13 +111,9 @@ def build_batch_collect_sensor(
         return dg.SensorResult(skip_reason=f"{scope}: waiting for batches: "
                                            f"{'; '.join(waiting[:20])}.")
 
-    return dg.SensorDefinition(
-        name=name or f"{key.to_python_identifier()}_batch_collect",
-        evaluation_fn=evaluate,
-        minimum_interval_seconds=minimum_interval_seconds,
+    return watched.sensor(
+        evaluate, suffix="batch_collect", name=name,
+        minimum_interval_seconds=minimum_interval_seconds, default_status=default_status,
         description=description or (
             f"Re-materializes the partitions of {scope} whose provider batches ended, so their "
-            "run collects the answers (mode='batch_api', wait=False)."),
-        target=selection,
-        default_status=default_status,
-    )
+            "run collects the answers (mode='batch_api', wait=False)."))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,57 @@ def _single_asset(asset: Any, where: str) -> tuple[dg.AssetKey, dg.PartitionsDef
         f"{where}: pass the asset definition (e.g. the result of build_inference_asset), got "
         f"{type(asset).__name__}."
     )
+
+
+@dataclass(frozen=True)
+class WatchedAsset:
+    """The partitioned asset a sensor re-materializes, and what its runs select: the asset and
+    the assets materialized with it."""
+
+    key: dg.AssetKey
+    partitions_def: dg.PartitionsDefinition
+    where: str  # the sensor factory and the asset, for errors
+    selection: list[dg.AssetKey]
+
+    @property
+    def scope(self) -> str:
+        """The ledger scope of the asset's rows."""
+        return self.key.to_user_string()
+
+    def sensor(self, evaluate: Callable[[dg.SensorEvaluationContext], dg.SensorResult], *,
+               suffix: str, name: str | None, minimum_interval_seconds: int, description: str,
+               default_status: dg.DefaultSensorStatus, target: Any = None
+               ) -> dg.SensorDefinition:
+        """The sensor, named ``<asset>_<suffix>`` unless ``name``; it targets ``selection``
+        unless ``target`` (a job)."""
+        return dg.SensorDefinition(
+            name=name or f"{self.key.to_python_identifier()}_{suffix}",
+            evaluation_fn=evaluate,
+            minimum_interval_seconds=minimum_interval_seconds,
+            description=description,
+            target=self.selection if target is None else target,
+            default_status=default_status,
+        )
+
+
+def watched_asset(factory: str, asset: Any, *, also_materialize: Sequence[Any],
+                  minimum_interval_seconds: int, unpartitioned: str) -> WatchedAsset:
+    """The asset a sensor of ``factory`` watches, checked: one partitioned asset
+    (``unpartitioned``: what to do instead), a positive interval."""
+    key, partitions_def = _single_asset(asset, factory)
+    where = f"{factory}('{key.to_user_string()}')"
+    if partitions_def is None:
+        raise dg.DagsterInvalidDefinitionError(
+            f"{where}: the asset has no partitions_def{unpartitioned}")
+    check_interval(where, minimum_interval_seconds)
+    selection = [key, *(_asset_key(a) for a in also_materialize if _asset_key(a) != key)]
+    return WatchedAsset(key, partitions_def, where, selection)
+
+
+def check_interval(where: str, minimum_interval_seconds: int) -> None:
+    if minimum_interval_seconds < 1:
+        raise dg.DagsterInvalidDefinitionError(
+            f"{where}: minimum_interval_seconds must be at least 1.")
 
 
 def _asset_key(asset: Any) -> dg.AssetKey:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import dagster as dg
@@ -25,18 +25,20 @@ from .common import (
     _load_cursor,
     _missing_sqlite_file,
     _valid_partitions,
+    check_interval,
 )
 
 NewRowsSince = Callable[[Any], tuple[Iterable[str], Any]]
-
-
+#: What the sensor launches runs of: an asset job, or asset definitions sharing partitions.
+NewDataTarget = (dg.JobDefinition | UnresolvedAssetJobDefinition | dg.AssetsDefinition
+                 | Sequence[dg.AssetsDefinition])
 
 
 def build_new_data_sensor(
-    target: Any,
+    target: NewDataTarget,
     *,
     new_rows_since: NewRowsSince | None = None,
-    url: Any = None,
+    url: str | dg.EnvVar | None = None,
     table: str | None = None,
     cursor_column: str | None = None,
     partition_column: str | None = None,
@@ -104,10 +106,7 @@ def build_new_data_sensor(
                 "new_rows_since= finds the new rows by itself."
             )
         reader = new_rows_since
-    if minimum_interval_seconds < 1:
-        raise dg.DagsterInvalidDefinitionError(
-            f"{where}: minimum_interval_seconds must be at least 1."
-        )
+    check_interval(where, minimum_interval_seconds)
     run_tags = {NEW_DATA_TAG: "true", **dict(tags or {})}
 
     def evaluate(context: dg.SensorEvaluationContext) -> dg.SensorResult:

@@ -18,22 +18,21 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
     UnresolvedAssetJobDefinition,
 )
 
-from ..core.delivery.batch_api.waits import waiting_in_ledger
 from ..core.error_kinds import describe_errors, kind_of
 from ..core.errors import InferenceConfigError
+from ..core.ledger.deferrals import waiting_in_ledger
+from ..core.ledger.stores import validate_identifier
 from ..core.ledger.table import DEFERRED, FAILED, Ledger
 from ..core.settings import DEFAULT_LEDGER_TABLE
-from ..core.ledger.stores import validate_identifier
 from .common import (
     RETRY_ROUND_TAG,
     RETRY_TAG,
-    _asset_key,
     _in_memory_url,
     _load_cursor,
     _missing_sqlite_file,
-    _single_asset,
     _unretryable_in_latest,
     _valid_partitions,
+    watched_asset,
 )
 
 # Dagster's own run tags for the partitions a run covers.
@@ -121,14 +120,13 @@ def build_retry_partitions_sensor(
             resources={"llm": llm},
         )
     """
-    key, partitions_def = _single_asset(asset, "build_retry_partitions_sensor")
-    where = f"build_retry_partitions_sensor('{key.to_user_string()}')"
-    if partitions_def is None:
-        raise dg.DagsterInvalidDefinitionError(
-            f"{where}: the asset has no partitions_def. Retry partitions are for partitioned "
-            "assets; an unpartitioned inference asset sends its failed rows again on its next "
-            "materialization (only successful answers are ledger hits)."
-        )
+    watched = watched_asset(
+        "build_retry_partitions_sensor", asset, also_materialize=also_materialize,
+        minimum_interval_seconds=minimum_interval_seconds,
+        unpartitioned=". Retry partitions are for partitioned assets; an unpartitioned "
+        "inference asset sends its failed rows again on its next materialization (only "
+        "successful answers are ledger hits).")
+    where, key, partitions_def = watched.where, watched.key, watched.partitions_def
     source = _LedgerSource.from_arguments(where, resource, store_url, ledger_table)
     if max_rounds < 1:
         raise dg.DagsterInvalidDefinitionError(f"{where}: max_rounds must be at least 1.")
@@ -137,12 +135,7 @@ def build_retry_partitions_sensor(
             f"{where}: need 0 <= base_delay_s <= max_delay_s, got {base_delay_s} and "
             f"{max_delay_s}."
         )
-    if minimum_interval_seconds < 1:
-        raise dg.DagsterInvalidDefinitionError(
-            f"{where}: minimum_interval_seconds must be at least 1."
-        )
-    selection = [key, *(_asset_key(a) for a in also_materialize if _asset_key(a) != key)]
-    scope = key.to_user_string()
+    selection, scope = watched.selection, watched.scope
 
     def delay_before(round_number: int) -> float:
         return min(max_delay_s, base_delay_s * 2 ** (round_number - 1))
@@ -238,17 +231,13 @@ def build_retry_partitions_sensor(
             cursor=new_cursor, asset_events=observations,
         )
 
-    return dg.SensorDefinition(
-        name=name or f"{key.to_python_identifier()}_retry_partitions",
-        evaluation_fn=evaluate,
-        minimum_interval_seconds=minimum_interval_seconds,
+    return watched.sensor(
+        evaluate, suffix="retry_partitions", name=name, target=job,
+        minimum_interval_seconds=minimum_interval_seconds, default_status=default_status,
         description=description or (
             f"Re-materializes the partitions of {scope} whose rows failed or were deferred "
             f"(at most {max_rounds} rounds per partition, {base_delay_s:g} s apart and "
-            "doubling)."
-        ),
-        target=job if job is not None else selection,
-        default_status=default_status,
+            "doubling)."),
     )
 
 
