@@ -8,7 +8,6 @@ vectors), with what those calls were about.
 """
 
 
-import warnings
 
 import dagster as dg
 import duckdb
@@ -17,19 +16,15 @@ import pandas as pd
 from dagster_batchllm import build_embedding_asset
 from resources.warehouse import vector_from_blob
 
-from .partitions import daily_partitions
-from .pipeline import classified_transcripts, cleaned_transcripts
+from .partitions import daily_call_center_asset
+from .pipeline import DAILY_CALLS, classified_transcripts, cleaned_transcripts
 
 transcript_embeddings = build_embedding_asset(
     name="transcript_embeddings",
     source=cleaned_transcripts,
     input_column="transcript_text",
     output_column="embedding",
-    partitions_def=daily_partitions,
-    partition_column="call_date",
-    key_columns=["call_id"],
-    group_name="call_center",
-    warn_failed_rate=0.05,  # the ~2% null or blank transcripts fail as input errors
+    **DAILY_CALLS,
 )
 
 SIMILAR_CALLS_SQL = """
@@ -79,19 +74,15 @@ def _similar_high_risk_calls(context: dg.AssetExecutionContext, classified: pd.D
     return similar
 
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", dg.BetaWarning)  # backfill_policy is marked beta
-    similar_high_risk_calls = dg.asset(
-        name="similar_high_risk_calls",
-        partitions_def=daily_partitions,
-        ins={"classified": dg.AssetIn(classified_transcripts.key),
-             "embeddings": dg.AssetIn(transcript_embeddings.key)},
-        group_name="call_center",
-        kinds={"duckdb", "sqlite"},
-        backfill_policy=dg.BackfillPolicy.single_run(),
-        description="For each call the LLM classification rates High risk, the 3 most similar "
-                    "earlier calls of the same day, by cosine similarity of their embeddings "
-                    "(computed in DuckDB with list_cosine_similarity).",
-    )(_similar_high_risk_calls)
+similar_high_risk_calls = daily_call_center_asset(
+    _similar_high_risk_calls,
+    name="similar_high_risk_calls",
+    ins={"classified": dg.AssetIn(classified_transcripts.key),
+         "embeddings": dg.AssetIn(transcript_embeddings.key)},
+    kinds={"duckdb", "sqlite"},
+    description="For each call the LLM classification rates High risk, the 3 most similar "
+                "earlier calls of the same day, by cosine similarity of their embeddings "
+                "(computed in DuckDB with list_cosine_similarity).",
+)
 
 embedding_assets = [transcript_embeddings, similar_high_risk_calls]

@@ -3,7 +3,6 @@
 
 import os
 import re
-import warnings
 from typing import Any
 
 import dagster as dg
@@ -11,7 +10,7 @@ import pandas as pd
 
 from dagster_batchllm import build_inference_asset
 
-from .partitions import daily_partitions
+from .partitions import GROUP, daily_call_center_asset, daily_partitions
 
 SOURCE_COLUMNS = ["call_id", "call_timestamp", "call_date", "agent", "customer_id"]
 _NOT_LETTER_OR_SPACE = re.compile(r"[^a-zA-Z\s]")
@@ -19,7 +18,7 @@ _NOT_LETTER_OR_SPACE = re.compile(r"[^a-zA-Z\s]")
 call_center_transcripts = dg.AssetSpec(
     "call_center_transcripts",
     description="Raw call-center transcripts (loaded from the shipped dataset on first use).",
-    group_name="call_center",
+    group_name=GROUP,
     partitions_def=daily_partitions,
     kinds={"sqlite"},
     metadata={"dagster/table_name": "main.call_center_transcripts"},
@@ -37,16 +36,9 @@ def _clean(context: dg.AssetExecutionContext, raw: pd.DataFrame) -> pd.DataFrame
     return cleaned
 
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", dg.BetaWarning)  # backfill_policy is marked beta
-    cleaned_transcripts = dg.asset(
-        name="cleaned_transcripts",
-        partitions_def=daily_partitions,
-        ins={"raw": dg.AssetIn("call_center_transcripts")},
-        group_name="call_center",
-        kinds={"pandas", "sqlite"},
-        backfill_policy=dg.BackfillPolicy.single_run(),
-    )(_clean)
+cleaned_transcripts = daily_call_center_asset(
+    _clean, name="cleaned_transcripts", ins={"raw": dg.AssetIn("call_center_transcripts")},
+    kinds={"pandas", "sqlite"})
 
 
 SUMMARY_PROMPT = "Summarize this call transcript: {transcript_text}"
@@ -62,17 +54,17 @@ BATCH_MODE = (dict(mode="batch_api",
               if os.environ.get("BATCHLLM_BATCH_API", "").lower() in ("1", "true", "yes")
               else {})
 
-DAILY_CALL_TABLE = dict(
-    **BATCH_MODE,
-    temperature=0.0,
+# What every asset over the calls' table is (inference or embeddings): a table of calls per day.
+DAILY_CALLS = dict(
     partitions_def=daily_partitions,
     partition_column="call_date",  # a single-run backfill records each day under its own key
     key_columns=["call_id"],
-    group_name="call_center",
+    group_name=GROUP,
     # The shipped calls are messy on purpose: about 2% have a null or blank transcript, which
     # fail as input errors; the failed_row_rate check warns only above 5%.
     warn_failed_rate=0.05,
 )
+DAILY_CALL_TABLE = dict(**BATCH_MODE, temperature=0.0, **DAILY_CALLS)
 
 
 def build_transcript_summaries(prompt: str = SUMMARY_PROMPT, **changes: Any

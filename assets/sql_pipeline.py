@@ -10,7 +10,8 @@ is the example's, verbatim), and runs with ``dialect="databricks"``: sqlglot tra
 DuckDB (``regexp_replace`` replacing every match, ``'\\s'`` read as Databricks reads it,
 ``=>`` named arguments, ``named_struct``, the ``:endpoint`` parameter). ``DUCKDB_PIPELINE_SQL`` is
 the same query hand-written in DuckDB's dialect (``'g'``, ``:=``, a struct literal), for
-``build_sql_pipeline(DUCKDB_PIPELINE_SQL, dialect=None)``; both give the same tables.
+``build_sql_pipeline(DUCKDB_PIPELINE_SQL, dialect=None)``; both give the same tables. Their
+post-processing (``POST_PROCESSING_SQL``) is plain SQL, written once.
 
 Beyond the example's query, and deliberate: it keeps the columns the Python variant has, asks with
 the Python variant's prompt, ``failOnError => false`` keeps a failed row as data (``summary_error``)
@@ -39,6 +40,25 @@ SOURCE_TABLE = "call_center_transcripts"
 SUMMARIES_TABLE = "sql_transcript_summaries"
 CLASSIFIED_TABLE = "sql_classified_transcripts"
 
+# Step 3 and the result: plain SQL, the same in both dialects (the example's own lines).
+POST_PROCESSING_SQL = """\
+-- Step 3: Post-processing
+final_result AS (
+    SELECT call_id, call_timestamp, call_date, agent, customer_id, transcript_text,
+           inference.result AS summary_analysis,
+           inference.errorMessage AS summary_error,
+        CASE WHEN inference.result IS NULL THEN NULL
+             WHEN inference.result LIKE '%angry%' THEN 'High Risk'
+             WHEN inference.result LIKE '%upset%' THEN 'Medium Risk' ELSE 'Low Risk' END AS risk_level,
+        CASE WHEN inference.result IS NULL THEN NULL
+             WHEN inference.result LIKE '%refund%' THEN 'Refund Request'
+             WHEN inference.result LIKE '%complaint%' THEN 'Complaint' ELSE 'General Inquiry' END AS action_required
+    FROM inference_result
+)
+
+SELECT * FROM final_result ORDER BY call_timestamp, call_id
+"""  # noqa: E501 (the example's own line lengths)
+
 # Databricks SQL; `:endpoint` is bound to llm.default_model at run time.
 PIPELINE_SQL = r"""
 -- Step 1: Preprocessing
@@ -59,22 +79,7 @@ inference_result AS (
     FROM cleaned_data
 ),
 
--- Step 3: Post-processing
-final_result AS (
-    SELECT call_id, call_timestamp, call_date, agent, customer_id, transcript_text,
-           inference.result AS summary_analysis,
-           inference.errorMessage AS summary_error,
-        CASE WHEN inference.result IS NULL THEN NULL
-             WHEN inference.result LIKE '%angry%' THEN 'High Risk'
-             WHEN inference.result LIKE '%upset%' THEN 'Medium Risk' ELSE 'Low Risk' END AS risk_level,
-        CASE WHEN inference.result IS NULL THEN NULL
-             WHEN inference.result LIKE '%refund%' THEN 'Refund Request'
-             WHEN inference.result LIKE '%complaint%' THEN 'Complaint' ELSE 'General Inquiry' END AS action_required
-    FROM inference_result
-)
-
-SELECT * FROM final_result ORDER BY call_timestamp, call_id
-"""  # noqa: E501 (the example's own line lengths)
+""" + POST_PROCESSING_SQL  # noqa: E501 (the example's own line lengths)
 
 # The same query in DuckDB's dialect; `$endpoint` is bound to llm.default_model at run time.
 DUCKDB_PIPELINE_SQL = r"""
@@ -97,24 +102,7 @@ inference_result AS (
     FROM cleaned_data
 ),
 
--- Step 3: Post-processing
-final_result AS (
-    SELECT call_id, call_timestamp, call_date, agent, customer_id, transcript_text,
-           inference.result AS summary_analysis,
-           inference.errorMessage AS summary_error,
-           CASE WHEN inference.result IS NULL THEN NULL
-                WHEN inference.result LIKE '%angry%' THEN 'High Risk'
-                WHEN inference.result LIKE '%upset%' THEN 'Medium Risk'
-                ELSE 'Low Risk' END AS risk_level,
-           CASE WHEN inference.result IS NULL THEN NULL
-                WHEN inference.result LIKE '%refund%' THEN 'Refund Request'
-                WHEN inference.result LIKE '%complaint%' THEN 'Complaint'
-                ELSE 'General Inquiry' END AS action_required
-    FROM inference_result
-)
-
-SELECT * FROM final_result ORDER BY call_timestamp, call_id
-"""
+""" + POST_PROCESSING_SQL
 
 SUMMARY_COLUMNS = ["call_id", "call_timestamp", "call_date", "agent", "customer_id",
                    "transcript_text", "summary_analysis", "summary_error"]
