@@ -1,7 +1,9 @@
 """Batch API mode: client CPU per row to build, upload and settle N rows, and peak RSS.
 
-    python bench/batch_api.py            # 30,000, 60,000 and 120,000 rows
-    python bench/batch_api.py --quick    # 5,000, 10,000 and 20,000 rows
+From the repository root::
+
+    .venv/bin/python -m bench.batch_api            # 30,000, 60,000 and 120,000 rows
+    .venv/bin/python -m bench.batch_api --quick    # 5,000, 10,000 and 20,000 rows
 
 Each measurement runs in a fresh subprocess against a simulated endpoint in its own process
 (its CPU and memory are not counted), which runs each batch to its end at once:
@@ -31,18 +33,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from peak_memory import peak_resident_mib
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.child import run_child, serve_child
+from bench.peak_memory import peak_resident_mib
 
 MODEL = "sim-model"
 PROMPT = "Summarize this call transcript: {text}"
@@ -171,15 +168,8 @@ def run_one(kind: str, rows: int) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp, SimulatedEndpoint(
             models=(MODEL,), api_key="k", process=True) as sim:
-        code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); "
-                "sys.path.insert(0, {!r}); import batch_api as b; "
-                "print(json.dumps(b.measure({!r}, {!r}, {}, {!r})))").format(
-            str(Path(__file__).parent), kind, sim.base_url, rows, f"{tmp}/ledger.db")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=1800)
-        if out.returncode:
-            raise RuntimeError(out.stderr[-3000:])
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return run_child("bench.batch_api", timeout_s=1800, kind=kind, base_url=sim.base_url,
+                         rows=rows, store=f"{tmp}/ledger.db")
 
 
 def main() -> None:
@@ -211,5 +201,5 @@ def main() -> None:
           "serialize + hash + write each line, no network. Target: batch_api <= 0.05 ms/row.")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and not serve_child(measure):
     main()

@@ -1,9 +1,11 @@
 """Chaos suite: thousands of rows through ``infer()`` while endpoints and processes misbehave.
 
-    .venv/bin/python bench/chaos.py                  # all scenarios, bench size (~4-6 min)
-    .venv/bin/python bench/chaos.py --scale test     # the reduced form tests/test_chaos.py runs
-    .venv/bin/python bench/chaos.py --only crash,429_storm
-    .venv/bin/python bench/chaos.py --only sigterm,sigkill_64,ledger_outage   # stopping (9-11)
+From the repository root::
+
+    .venv/bin/python -m bench.chaos                  # all scenarios, bench size (~4-6 min)
+    .venv/bin/python -m bench.chaos --scale test     # the reduced form tests/test_chaos.py runs
+    .venv/bin/python -m bench.chaos --only crash,429_storm
+    .venv/bin/python -m bench.chaos --only sigterm,sigkill_64,ledger_outage   # stopping (9-11)
 
 Prints one table. Everything is measured on the simulated servers' side: requests that arrived,
 duplicate deliveries (the same request answered 200 more than once, over all endpoints), tokens
@@ -11,7 +13,8 @@ billed (versus a run of the same rows with nothing going wrong), and the peak re
 tokens that arrived within any rate-limit window. Required in every scenario: no missing row
 (every row ok with its own answer, failed with a typed reason, or deferred), duplicates no more
 than the requests in flight at a crash, budget and rate limits never exceeded. Exits 1 if a
-scenario broke a requirement.
+scenario broke a requirement. The fault scenarios (1-8) and their harness are
+:mod:`dagster_batchllm.testing.chaos`; the stopping ones (9-11) are ``bench/chaos_stopping.py``.
 """
 
 from __future__ import annotations
@@ -19,13 +22,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from chaos_scenarios import SCALES, Outcome, run_scenario
-from chaos_scenarios import SCENARIOS as FAULT_SCENARIOS
-from chaos_stopping import STOPPING_SCENARIOS
+from bench.chaos_stopping import STOPPING_SCENARIOS
+from dagster_batchllm.testing.chaos import SCALES, Outcome, run_scenario
+from dagster_batchllm.testing.chaos import SCENARIOS as FAULT_SCENARIOS
 
 SCENARIOS = {**FAULT_SCENARIOS, **STOPPING_SCENARIOS}
 

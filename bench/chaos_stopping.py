@@ -4,7 +4,9 @@ cut off from its PostgreSQL ledger, then run again; measured at the simulated se
 Figures per scenario: rows without an outcome (must be 0), answers paid twice (duplicate
 deliveries) against the bound, the requests in flight at the stop (a rerun may pay those
 again, nothing else), and how long the stopped process took to exit. Not in the reduced suite
-of ``tests/test_chaos.py``: ``tests/stopping/`` tests the same with real processes.
+of ``tests/test_chaos.py``: ``tests/stopping/`` tests the same with real processes. Built on
+the fault scenarios' harness, :mod:`dagster_batchllm.testing.chaos`; run them with
+``python -m bench.chaos --only sigterm,sigkill_64,ledger_outage`` from the repository root.
 """
 
 from __future__ import annotations
@@ -15,35 +17,30 @@ import time
 import uuid
 from pathlib import Path
 
-from chaos_scenarios import (
+from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.testing import CuttableProxy
+from dagster_batchllm.testing.chaos import (
     POSTGRES_URL,
     Background,
     Fleet,
     Outcome,
     Scale,
-    _Table,
-    classify_rows,
-    clean_tokens,
     distinct_requests,
     drop_tables,
     finish,
     infer,
     ledger_counts,
     make_frame,
+    measured,
     postgres_unavailable,
     start_worker,
+    tally,
     wait_until,
+    worker_job,
     worker_result,
 )
 
-from dagster_batchllm.core.client import InferenceClient
-from tests.stopping.tcp_proxy import CuttableProxy  # the repository root is on sys.path now
-
 STOP_WITHIN_S = 5.0  # the issue's bound for a stopped process to exit
-
-
-def _in_flight(fleet: Fleet) -> int:
-    return sum(sim.stats(log=False)["in_flight"] for sim in fleet.sims)
 
 
 def _stop_and_rerun(outcome: Outcome, scale: Scale, workdir: Path, sig: int, *,
@@ -56,17 +53,15 @@ def _stop_and_rerun(outcome: Outcome, scale: Scale, workdir: Path, sig: int, *,
                   rps=max(scale.rps, 2 * concurrency / latency_s),
                   tps=max(scale.tps, 200 * concurrency / latency_s))
     store_url = f"sqlite:///{workdir / 'stop-ledger.db'}"
-    job = {"scale": scale.name, "fleet": fleet.describe(), "store_url": store_url,
-           "ledger_table": "batchllm_requests", "rows": scale.crash_rows, "offset": 0,
-           "seed": 7, "partition": "stop", "out": str(workdir / "stop.pkl")}
-    started = time.perf_counter()
+    job = worker_job(scale, fleet, store_url, "batchllm_requests", scale.crash_rows, "stop",
+                     workdir / "stop.pkl")
     out = None
-    try:
+    with measured(outcome, fleet):
         proc = start_worker(job)
         target = stop_at * distinct_requests(df)
         wait_until(lambda: fleet.answered() >= target or proc.poll() is not None, 300)
         outcome.require(proc.poll() is None, "the run ended before the stop (make it longer)")
-        in_flight = _in_flight(fleet)
+        in_flight = fleet.in_flight()
         signalled = time.monotonic()
         os.kill(proc.pid, sig)
         proc.communicate(timeout=60)
@@ -74,7 +69,7 @@ def _stop_and_rerun(outcome: Outcome, scale: Scale, workdir: Path, sig: int, *,
         if sig != signal.SIGKILL:
             outcome.require(exit_s < STOP_WITHIN_S,
                             f"the process took {exit_s:.1f} s to exit after the signal")
-        wait_until(lambda: _in_flight(fleet) == 0, 10)
+        wait_until(lambda: fleet.in_flight() == 0, 10)
         answered = fleet.answered()
         kept = ledger_counts(store_url, "batchllm_requests").get(("stop", "ok"), 0)
         outcome.allowed_duplicates = in_flight
@@ -85,11 +80,7 @@ def _stop_and_rerun(outcome: Outcome, scale: Scale, workdir: Path, sig: int, *,
         rerun = start_worker(job)
         out, error = worker_result(rerun, job)
         outcome.require(out is not None, f"the rerun failed: {error}")
-    finally:
-        outcome.wall_s = time.perf_counter() - started
-        fleet.measure(outcome)
-    classify_rows(outcome, [(df, _Table(out) if out is not None else None)])
-    outcome.clean_tokens = clean_tokens(scale, [df])
+    tally(outcome, scale, [(df, out)])
     return finish(outcome)
 
 
@@ -123,39 +114,44 @@ def scenario_ledger_outage(scale: Scale, workdir: Path) -> Outcome:
     df = make_frame(scale.rows)
     fleet = Fleet(scale, 2)
     client = InferenceClient(fleet.settings(store_url=store_url, ledger_table=table))
-    started = time.perf_counter()
-    result = None
     try:
-        job = Background(lambda: infer(client, df))
-        reached = wait_until(lambda: fleet.answered() >= 0.25 * distinct_requests(df)
-                             or not job.running, 120)
-        outcome.require(reached and job.running, "the run ended before the cut")
-        proxy.cut()
-        at_cut = fleet.answered()
-        time.sleep(cut_s)
-        during = fleet.answered() - at_cut
-        proxy.restore()
-        restored = time.monotonic()
-        result = job.join(120)
-        ended_s = time.monotonic() - restored
-        kept = ledger_counts(store_url, table)
-        ok_records = sum(c for (_, status), c in kept.items() if status == "ok")
-        lost = distinct_requests(df) - ok_records
-        outcome.require(lost == 0, f"{lost} answered requests are not in the ledger")
-        outcome.notes.append(
-            f"{proxy.refused} connections refused during the cut; {during} answers arrived "
-            f"while it lasted (the run pauses once its unwritten room is full); run ended "
-            f"{ended_s:.1f} s after the database came back; ledger rows lost: {lost}")
+        with measured(outcome, fleet):
+            try:
+                result = _cut_mid_run(outcome, proxy, client, fleet, df, store_url, table,
+                                      cut_s)
+            finally:
+                client.close()
+                proxy.close()
     finally:
-        outcome.wall_s = time.perf_counter() - started
-        client.close()
-        proxy.close()
-        fleet.measure(outcome)
         drop_tables(POSTGRES_URL, [table, f"{table}_claims", f"{table}_runs"])
-    classify_rows(outcome, [(df, result)])
-    outcome.clean_tokens = clean_tokens(scale, [df])
+    tally(outcome, scale, [(df, result.df)])
     return finish(outcome)
 
+
+def _cut_mid_run(outcome: Outcome, proxy: CuttableProxy, client: InferenceClient, fleet: Fleet,
+                 df, store_url: str, table: str, cut_s: float):
+    """Infer ``df`` while the ledger database is cut off for ``cut_s`` at 25%; the result."""
+    job = Background(lambda: infer(client, df))
+    reached = wait_until(lambda: fleet.answered() >= 0.25 * distinct_requests(df)
+                         or not job.running, 120)
+    outcome.require(reached and job.running, "the run ended before the cut")
+    proxy.cut()
+    at_cut = fleet.answered()
+    time.sleep(cut_s)
+    during = fleet.answered() - at_cut
+    proxy.restore()
+    restored = time.monotonic()
+    result = job.join(120)
+    ended_s = time.monotonic() - restored
+    kept = ledger_counts(store_url, table)
+    ok_records = sum(c for (_, status), c in kept.items() if status == "ok")
+    lost = distinct_requests(df) - ok_records
+    outcome.require(lost == 0, f"{lost} answered requests are not in the ledger")
+    outcome.notes.append(
+        f"{proxy.refused} connections refused during the cut; {during} answers arrived "
+        f"while it lasted (the run pauses once its unwritten room is full); run ended "
+        f"{ended_s:.1f} s after the database came back; ledger rows lost: {lost}")
+    return result
 
 STOPPING_SCENARIOS = {
     "sigterm": scenario_sigterm,

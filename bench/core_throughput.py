@@ -1,7 +1,9 @@
 """Core throughput, client CPU per row and peak memory, against the simulated endpoint.
 
-    python bench/core_throughput.py            # the full run (a few minutes on 2 cores)
-    python bench/core_throughput.py --quick    # smaller figures, for a smoke check
+From the repository root::
+
+    .venv/bin/python -m bench.core_throughput            # the full run (minutes on 2 cores)
+    .venv/bin/python -m bench.core_throughput --quick    # smaller figures, for a smoke check
 
 What it measures (the simulated server runs in its own process, so its CPU is not counted):
 
@@ -26,22 +28,19 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from peak_memory import peak_resident_mib  # noqa: E402
-
-from dagster_batchllm.core.client import InferenceClient  # noqa: E402
-from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings  # noqa: E402
-from dagster_batchllm.testing import SimulatedEndpoint  # noqa: E402
+from bench.baselines import chat_loop
+from bench.child import run_child, serve_child
+from bench.peak_memory import peak_resident_mib, resident_bytes
+from bench.timing import per_row, timed
+from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
+from dagster_batchllm.testing import SimulatedEndpoint
 
 MODEL = "sim-model"
 MAX_TOKENS = 16
@@ -66,39 +65,23 @@ def run_batchllm(base_url: str, rows: int, concurrency: int, tag: str, workdir: 
     df = frame(rows, tag)
     with InferenceClient(settings_for(base_url, concurrency, store_url,
                                       http_client=http_client)) as client:
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        result = client.infer(df, prompt="Summarize: {text}", model=MODEL,
-                              output_column="summary", max_tokens=MAX_TOKENS)
-        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    assert result.stats.succeeded == rows, result.stats.summary()
-    return {"rows": rows, "wall_s": wall, "cpu_s": cpu}
+        def run() -> None:
+            result = client.infer(df, prompt="Summarize: {text}", model=MODEL,
+                                  output_column="summary", max_tokens=MAX_TOKENS)
+            assert result.stats.succeeded == rows, result.stats.summary()
 
-
-async def _baseline(base_url: str, rows: int, concurrency: int, tag: str) -> None:
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0)
-    semaphore = asyncio.Semaphore(concurrency)
-    prompts = [f"Summarize: {t}" for t in frame(rows, tag)["text"]]
-    outputs: list[str | None] = [None] * rows
-
-    async def one(i: int) -> None:
-        async with semaphore:
-            reply = await client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": prompts[i]}],
-                max_tokens=MAX_TOKENS)
-            outputs[i] = reply.choices[0].message.content
-
-    await asyncio.gather(*(one(i) for i in range(rows)))
-    await client.close()
-    assert all(o is not None for o in outputs)
+        return {"rows": rows, **timed(run)}
 
 
 def run_baseline(base_url: str, rows: int, concurrency: int, tag: str) -> dict:
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    asyncio.run(_baseline(base_url, rows, concurrency, tag))
-    return {"rows": rows, "wall_s": time.perf_counter() - wall0,
-            "cpu_s": time.process_time() - cpu0}
+    """``AsyncOpenAI`` + ``asyncio.Semaphore(concurrency)``, the same requests."""
+    def run() -> None:
+        prompts = [f"Summarize: {t}" for t in frame(rows, tag)["text"]]
+        asyncio.run(chat_loop(base_url, lambda i: [{"role": "user", "content": prompts[i]}],
+                              rows, model=MODEL, concurrency=concurrency,
+                              max_tokens=MAX_TOKENS))
+
+    return {"rows": rows, **timed(run)}
 
 
 async def _raw_aiohttp(base_url: str, rows: int, concurrency: int, tag: str) -> None:
@@ -122,10 +105,8 @@ async def _raw_aiohttp(base_url: str, rows: int, concurrency: int, tag: str) -> 
 
 def run_raw_aiohttp(base_url: str, rows: int, concurrency: int, tag: str) -> dict:
     """The leanest client there is: what this machine and server allow at all."""
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    asyncio.run(_raw_aiohttp(base_url, rows, concurrency, tag))
-    return {"rows": rows, "wall_s": time.perf_counter() - wall0,
-            "cpu_s": time.process_time() - cpu0}
+    return {"rows": rows, **timed(lambda: asyncio.run(_raw_aiohttp(base_url, rows, concurrency,
+                                                                   tag)))}
 
 
 def warm_up(base_url: str, concurrency: int, workdir: str) -> None:
@@ -137,16 +118,8 @@ def warm_up(base_url: str, concurrency: int, workdir: str) -> None:
 
 
 # -- peak memory, in a fresh subprocess ---------------------------------------------------------
-def _rss_mib() -> float:
-    return peak_resident_mib()  # VmHWM: ru_maxrss would be the parent's after exec
-
-
-def _resident_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def rss_child(base_url: str, rows: int, concurrency: int) -> None:
+def rss_child(base_url: str, rows: int, concurrency: int) -> dict:
+    """Runs in the fresh subprocess (``measure_rss``)."""
     with tempfile.TemporaryDirectory() as workdir:
         df = frame(rows, f"rss{rows}")
         settings = settings_for(base_url, concurrency, f"sqlite:///{workdir}/rss.db")
@@ -154,33 +127,27 @@ def rss_child(base_url: str, rows: int, concurrency: int) -> None:
             client.ledger  # noqa: B018 - open it before the baseline figure
             import aiohttp  # noqa: F401 - imported by the run; not a per-row cost
 
-            before = _resident_mib()  # the table and every import are in already
+            before = resident_bytes() / 2**20  # the table and every import are in already
             wall0 = time.perf_counter()
             result = client.infer(df, prompt="Summarize: {text}", model=MODEL,
                                   output_column="summary", max_tokens=MAX_TOKENS)
             wall = time.perf_counter() - wall0
             assert result.stats.succeeded == rows
             result_bytes = int(result.df["summary"].map(sys.getsizeof).sum()) + 8 * rows
-    print(json.dumps({"rows": rows, "rss_before_mib": before, "rss_peak_mib": _rss_mib(),
-                      "result_column_mib": result_bytes / 2**20, "wall_s": wall}))
+    # VmHWM: ru_maxrss would be the parent's after exec
+    return {"rows": rows, "rss_before_mib": before, "rss_peak_mib": peak_resident_mib(),
+            "result_column_mib": result_bytes / 2**20, "wall_s": wall}
 
 
 def measure_rss(base_url: str, rows: int, concurrency: int) -> dict:
-    proc = subprocess.run(
-        [sys.executable, __file__, "--rss-child", str(rows), "--base-url", base_url,
-         "--concurrency", str(concurrency)],
-        capture_output=True, text=True, timeout=3600,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-3000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child("bench.core_throughput", base_url=base_url, rows=rows,
+                     concurrency=concurrency)
 
 
 # -- report -------------------------------------------------------------------------------------
 def row(name: str, figures: dict, limit: float | None) -> str:
-    rate = figures["rows"] / figures["wall_s"]
+    rate, cpu_ms = per_row(figures)
     share = f"{100 * rate / limit:6.1f}%" if limit else "      -"
-    cpu_ms = 1000 * figures["cpu_s"] / figures["rows"]
     return (f"  {name:<44} {figures['rows']:>7} {figures['wall_s']:>8.2f} {rate:>9.0f} "
             f"{share:>8} {cpu_ms:>9.3f}")
 
@@ -194,12 +161,7 @@ def main() -> None:
     parser.add_argument("--rss-rows", type=int, nargs="+", default=[20_000, 200_000])
     parser.add_argument("--quick", action="store_true", help="small figures, for a smoke check")
     parser.add_argument("--skip-rss", action="store_true")
-    parser.add_argument("--rss-child", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--base-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.rss_child:
-        rss_child(args.base_url, args.rss_child, args.concurrency)
-        return
     if args.quick:
         args.rows, args.cpu_rows, args.rss_rows = 1500, 1500, [5_000, 20_000]
 
@@ -273,5 +235,5 @@ def main() -> None:
           f"{'met' if cpu_a <= 1.0 else 'MISSED'} ({cpu_a:.3f} ms)")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and not serve_child(rss_child):
     main()

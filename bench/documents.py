@@ -1,8 +1,10 @@
 """Documents: 10,000 PDF pages parsed and sent, and 10,000 page images of ~200 KB sent, by
 ``infer`` and by a plain ``AsyncOpenAI`` loop: rows/s and peak RSS.
 
-    python bench/documents.py            # 10,000 pages (and 2,500, to show memory is flat)
-    python bench/documents.py --quick    # 500 and 2,000
+From the repository root::
+
+    .venv/bin/python -m bench.documents          # 10,000 pages (and 2,500: memory is flat)
+    .venv/bin/python -m bench.documents --quick  # 500 and 2,000
 
 Two workloads, each run by both clients in a fresh subprocess against one simulated endpoint
 (its own process, 50 ms latency, so the theoretical limit is concurrency / latency = 64 / 0.05
@@ -42,26 +44,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from peak_memory import peak_resident_mib
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from images import random_png  # noqa: E402  (bench/images.py: incompressible ~200 KB PNGs)
+from bench.baselines import chat_loop
+from bench.child import run_child, serve_child
+from bench.images import DISTINCT_FILES, write_images  # incompressible ~200 KB PNGs
+from bench.peak_memory import peak_resident_mib
 
 MODEL = "sim-model"
 CONCURRENCY = 64
 LATENCY_S = 0.05
 PAGES_PER_DOCUMENT = 4
-DISTINCT_IMAGES = 32
 MAX_TOKENS = 64
 SCHEMA = {"type": "object", "properties": {
     "invoice_number": {"type": ["string", "null"]}, "amount_due": {"type": ["number", "null"]}},
@@ -70,10 +65,6 @@ RESPONSE_FORMAT = {"type": "json_schema",
                    "json_schema": {"name": "invoice", "strict": True, "schema": SCHEMA}}
 TEXT_PROMPT = "Extract the invoice number and amount due from this page:\n"
 IMAGE_PROMPT = "Extract the invoice number and amount due from page {name}"
-
-
-def _rss_mib() -> float:
-    return peak_resident_mib()  # VmHWM: ru_maxrss would be the parent's after exec
 
 
 def write_documents(folder: Path, pages: int) -> None:
@@ -111,7 +102,7 @@ def run_batchllm(base_url: str, workload: str, folder: Path, rows: int, store: s
         if workload == "text":
             df = pd.DataFrame({"page": parsed_pages(folder)})
             parsed = time.perf_counter()
-            before = _rss_mib()
+            before = peak_resident_mib()
             result = client.infer(df, prompt_column="page", model=MODEL, output_column="fields",
                                   response_format=RESPONSE_FORMAT, max_tokens=MAX_TOKENS)
         else:
@@ -119,33 +110,19 @@ def run_batchllm(base_url: str, workload: str, folder: Path, rows: int, store: s
             df = pd.DataFrame({"name": [f"row {i}" for i in range(rows)],
                                "image": [files[i % len(files)] for i in range(rows)]})
             parsed = time.perf_counter()
-            before = _rss_mib()
+            before = peak_resident_mib()
             result = client.infer(df, prompt=IMAGE_PROMPT, images="image", model=MODEL,
                                   output_column="fields", max_tokens=MAX_TOKENS)
         wall = time.perf_counter() - start
     cpu = time.process_time() - cpu
     assert result.stats.succeeded == len(df), result.stats.summary()
     return {"rows": len(df), "wall": wall, "parse": parsed - start, "before": before,
-            "peak": _rss_mib(), "cpu": cpu}
+            "peak": peak_resident_mib(), "cpu": cpu}
 
 
-async def _baseline(base_url: str, messages_of, rows: int, response_format) -> None:
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0)
-    semaphore = asyncio.Semaphore(CONCURRENCY)
-    outputs: list[str | None] = [None] * rows
-
-    async def one(i: int) -> None:
-        async with semaphore:
-            extra = {"response_format": response_format} if response_format else {}
-            reply = await client.chat.completions.create(
-                model=MODEL, messages=messages_of(i), max_tokens=MAX_TOKENS, **extra)
-            outputs[i] = reply.choices[0].message.content
-
-    await asyncio.gather(*(one(i) for i in range(rows)))
-    await client.close()
-    assert all(o is not None for o in outputs)
+async def _baseline(base_url: str, messages_of, rows: int, **params) -> None:
+    await chat_loop(base_url, messages_of, rows, model=MODEL, concurrency=CONCURRENCY,
+                    max_tokens=MAX_TOKENS, **params)
 
 
 def run_baseline(base_url: str, workload: str, folder: Path, rows: int) -> dict:
@@ -155,14 +132,14 @@ def run_baseline(base_url: str, workload: str, folder: Path, rows: int) -> dict:
     if workload == "text":
         pages = parsed_pages(folder)
         parsed = time.perf_counter()
-        before = _rss_mib()
+        before = peak_resident_mib()
         asyncio.run(_baseline(base_url, lambda i: [{"role": "user", "content": pages[i]}],
-                              len(pages), RESPONSE_FORMAT))
+                              len(pages), response_format=RESPONSE_FORMAT))
         rows = len(pages)
     else:
         files = sorted(str(p) for p in folder.glob("*.png"))
         parsed = time.perf_counter()
-        before = _rss_mib()
+        before = peak_resident_mib()
 
         def messages_of(i: int) -> list[dict]:
             data = base64.b64encode(Path(files[i % len(files)]).read_bytes()).decode()
@@ -170,31 +147,24 @@ def run_baseline(base_url: str, workload: str, folder: Path, rows: int) -> dict:
                 {"type": "text", "text": IMAGE_PROMPT.format(name=f"row {i}")},
                 {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}]}]
 
-        asyncio.run(_baseline(base_url, messages_of, rows, None))
+        asyncio.run(_baseline(base_url, messages_of, rows))
     return {"rows": rows, "wall": time.perf_counter() - start, "parse": parsed - start,
-            "before": before, "peak": _rss_mib(), "cpu": time.process_time() - cpu}
+            "before": before, "peak": peak_resident_mib(), "cpu": time.process_time() - cpu}
 
 
 # -- the driver --------------------------------------------------------------------------------
-def _child(args: list[str]) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", *args], check=True,
-                         capture_output=True, text=True, cwd=ROOT)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def measure(client: str, base_url: str, workload: str, folder: str, rows: int,
+            store: str) -> dict:
+    """Runs in the fresh subprocess: ``client`` (batchllm or AsyncOpenAI) over a workload."""
+    if client == "batchllm":
+        return run_batchllm(base_url, workload, Path(folder), rows, store)
+    return run_baseline(base_url, workload, Path(folder), rows)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        client, base_url, workload, folder, rows, store = args.child
-        if client == "batchllm":
-            result = run_batchllm(base_url, workload, Path(folder), int(rows), store)
-        else:
-            result = run_baseline(base_url, workload, Path(folder), int(rows))
-        print(json.dumps(result))
-        return
 
     from dagster_batchllm.testing import SimulatedEndpoint
 
@@ -208,10 +178,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work, SimulatedEndpoint(
             models=(MODEL,), latency_s=LATENCY_S, max_concurrency=256, process=True) as sim:
         images = Path(work, "images")
-        images.mkdir()
-        for i in range(DISTINCT_IMAGES):
-            (images / f"page{i:02d}.png").write_bytes(random_png(i))
-        image_kb = (images / "page00.png").stat().st_size / 1000
+        image_kb = write_images(images)
         growth: dict[tuple[str, str], list[tuple[int, float]]] = {}
         for workload in ("text", "images"):
             for rows in sizes:
@@ -222,7 +189,8 @@ def main() -> None:
                     write_documents(folder, rows)
                 for client in ("batchllm", "AsyncOpenAI"):
                     store = str(Path(work, f"ledger-{workload}-{rows}.db"))
-                    r = _child([client, sim.base_url, workload, str(folder), str(rows), store])
+                    r = run_child("bench.documents", client=client, base_url=sim.base_url,
+                                  workload=workload, folder=str(folder), rows=rows, store=store)
                     grown = r["peak"] - r["before"]
                     growth.setdefault((workload, client), []).append((r["rows"], grown))
                     label = ("batchllm infer" if client == "batchllm"
@@ -234,7 +202,7 @@ def main() -> None:
                           f"{sending / limit:>7.0%} "
                           f"{r['before']:>8.0f}Mi {r['peak']:>7.0f}Mi {grown:>6.0f}Mi "
                           f"{r['cpu'] * 1000 / r['rows']:>10.2f}")
-        print(f"\n  images: {DISTINCT_IMAGES} distinct PNGs of {image_kb:.0f} KB; "
+        print(f"\n  images: {DISTINCT_FILES} distinct PNGs of {image_kb:.0f} KB; "
               f"{sizes[-1]} rows send {sizes[-1] * image_kb / 1024:,.0f} MiB of images")
         for (workload, client), points in growth.items():
             (small, g_small), (large, g_large) = points
@@ -243,5 +211,5 @@ def main() -> None:
                   f"{(g_large - g_small) * 1024 / (large - small):.1f} KiB per extra row")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and not serve_child(measure):
     main()

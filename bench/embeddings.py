@@ -1,7 +1,9 @@
 """Embeddings throughput, client CPU and peak memory per row, against the simulated endpoint.
 
-    python bench/embeddings.py            # the issue's run: 100,000 texts (a few minutes)
-    python bench/embeddings.py --quick    # 10,000 texts, for a smoke check
+From the repository root::
+
+    .venv/bin/python -m bench.embeddings            # the issue's run: 100,000 texts (minutes)
+    .venv/bin/python -m bench.embeddings --quick    # 10,000 texts, for a smoke check
 
 The simulated endpoint runs in its own process (its CPU is not counted): 384 dimensions, 50 ms
 per request whatever its size (up to 128 inputs), and the client side keeps 64 requests in
@@ -26,25 +28,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import subprocess
-import sys
 import tempfile
-import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from peak_memory import peak_resident_bytes  # noqa: E402
-
-from dagster_batchllm.core.client import InferenceClient  # noqa: E402
-from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings  # noqa: E402
-from dagster_batchllm.testing import SimulatedEndpoint  # noqa: E402
+from bench.child import run_child, serve_child
+from bench.peak_memory import peak_resident_bytes, resident_bytes
+from bench.timing import per_row, timed
+from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
+from dagster_batchllm.testing import SimulatedEndpoint
 
 MODEL = "sim-embed"
 DIMENSIONS = 384
@@ -63,13 +57,6 @@ def settings_for(base_url: str, store_url: str) -> InferenceSettings:
         endpoints=(EndpointSpec(name="sim", base_url=base_url, embedding_models=(MODEL,),
                                 max_concurrency=CONCURRENCY),),
         store_url=store_url, progress_interval_s=3600.0)
-
-
-def timed(run) -> dict:
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    figures = run() or {}
-    return {"wall_s": time.perf_counter() - wall0, "cpu_s": time.process_time() - cpu0,
-            **figures}
 
 
 def run_batchllm(base_url: str, rows: int, tag: str, workdir: str) -> tuple[dict, dict]:
@@ -116,37 +103,26 @@ def run_openai(base_url: str, rows: int, per_request: int, tag: str) -> dict:
 
 
 # -- peak memory, in a fresh subprocess ---------------------------------------------------------
-def _resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def rss_child(base_url: str, rows: int) -> None:
+def rss_child(base_url: str, rows: int) -> dict:
+    """Runs in the fresh subprocess (``measure_rss``)."""
     with tempfile.TemporaryDirectory() as workdir:
         df = pd.DataFrame({"text": texts(rows, f"rss{rows}")})
         with InferenceClient(settings_for(base_url, f"sqlite:///{workdir}/rss.db")) as client:
             client.embed(df.head(200), input_column="text", model=MODEL)  # imports, warm
-            before = _resident_bytes()
+            before = resident_bytes()
             result = client.embed(df, input_column="text", model=MODEL,
                                   inputs_per_request=PER_REQUEST)
             assert result.stats.succeeded == rows
-    peak = peak_resident_bytes()
-    print(json.dumps({"rows": rows, "before": before, "peak": peak}))
+    return {"rows": rows, "before": before, "peak": peak_resident_bytes()}
 
 
 def measure_rss(base_url: str, rows: int) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--rss-child", str(rows),
-                           "--base-url", base_url], capture_output=True, text=True,
-                          timeout=3600)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-3000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child("bench.embeddings", base_url=base_url, rows=rows)
 
 
 # -- report -------------------------------------------------------------------------------------
 def line(name: str, figures: dict, limit: float) -> str:
-    rate = figures["rows"] / figures["wall_s"]
-    cpu_ms = 1000 * figures["cpu_s"] / figures["rows"]
+    rate, cpu_ms = per_row(figures)
     return (f"  {name:<46} {figures['rows']:>7} {figures['requests']:>8} "
             f"{figures['wall_s']:>8.2f} {rate:>9.0f} {100 * rate / limit:>6.1f}% {cpu_ms:>8.4f}")
 
@@ -158,12 +134,7 @@ def main() -> None:
                         help="texts for the one-input-per-request baseline")
     parser.add_argument("--rss-rows", type=int, nargs="+", default=[20_000, 100_000])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rss-child", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--base-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.rss_child:
-        rss_child(args.base_url, args.rss_child)
-        return
     if args.quick:
         args.rows, args.single_rows, args.rss_rows = 10_000, 1_000, [5_000, 10_000]
 
@@ -189,12 +160,11 @@ def main() -> None:
     print(line("llm.embed, 64 inputs/request (ledger, base64)", ours, limit_grouped))
     print(line("AsyncOpenAI + semaphore, 64 inputs/request", grouped, limit_grouped))
     print(line("AsyncOpenAI + semaphore, 1 input/request", single, limit_single))
-    def rate(figures: dict) -> float:
-        return figures["rows"] / figures["wall_s"]
-
-    print(f"\n  llm.embed vs 1 input/request:  {rate(ours) / rate(single):.1f}x (target >= 20x)")
-    print(f"  llm.embed vs 64 inputs/request: {rate(ours) / rate(grouped):.2f}x (target >= 1.0x)")
-    print(f"  client CPU per row: {1000 * ours['cpu_s'] / ours['rows']:.4f} ms (target <= 0.05)")
+    rate, cpu_ms = per_row(ours)
+    print(f"\n  llm.embed vs 1 input/request:  {rate / per_row(single)[0]:.1f}x (target >= 20x)")
+    print(f"  llm.embed vs 64 inputs/request: {rate / per_row(grouped)[0]:.2f}x "
+          "(target >= 1.0x)")
+    print(f"  client CPU per row: {cpu_ms:.4f} ms (target <= 0.05)")
     print(f"  rerun from the ledger: {rerun['requests']} requests, {rerun['wall_s']:.2f} s "
           f"({rerun['rows'] / rerun['wall_s']:,.0f} rows/s)")
     raw = 4 * DIMENSIONS
@@ -209,5 +179,5 @@ def main() -> None:
         print(f"  between the two sizes: {slope:,.0f} bytes per extra row")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and not serve_child(rss_child):
     main()

@@ -1,7 +1,9 @@
 """Image inputs: rows/s and peak RSS of ``infer(images=...)`` over N page images of ~200 KB.
 
-    python bench/images.py            # 1,000, 2,000 and 4,000 rows; chunk_rows 4096 and 256
-    python bench/images.py --quick    # 300, 1,200 and 2,400 rows
+From the repository root::
+
+    .venv/bin/python -m bench.images          # 1,000, 2,000, 4,000 rows; chunk_rows 4096, 256
+    .venv/bin/python -m bench.images --quick  # 300, 1,200 and 2,400 rows
 
 Each row sends one of 32 distinct random-pixel PNG files (~200 KB each, incompressible) by
 path, with a prompt naming the row, so every request is distinct and carries its image: the
@@ -20,19 +22,14 @@ gigabyte; with chunk_rows=256 it stays flat at ~150 MiB past 1,200 rows (measure
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 import zlib
 from pathlib import Path
 
-from peak_memory import peak_resident_mib
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.child import run_child, serve_child
+from bench.peak_memory import peak_resident_mib
 
 DISTINCT_FILES = 32
 SIDE = (256, 260)  # width x height: 256 * 260 * 3 = 199,680 bytes of random pixels
@@ -56,12 +53,17 @@ def random_png(seed: int) -> bytes:
             + chunk(b"IDAT", zlib.compress(rows, 1)) + chunk(b"IEND", b""))
 
 
-def _rss_mib() -> float:
-    return peak_resident_mib()  # VmHWM: ru_maxrss would be the parent's after exec
+def write_images(folder: Path, count: int = DISTINCT_FILES) -> float:
+    """``count`` distinct ``random_png`` files, ``page00.png`` on, in ``folder`` (made here);
+    the size of one, in KB."""
+    folder.mkdir()
+    for i in range(count):
+        (folder / f"page{i:02d}.png").write_bytes(random_png(i))
+    return (folder / "page00.png").stat().st_size / 1000
 
 
 def measure(base_url: str, rows: int, chunk_rows: int, image_dir: str, store: str) -> dict:
-    """Runs in the fresh subprocess."""
+    """Runs in the fresh subprocess (peak RSS: VmHWM, since ru_maxrss would be the parent's)."""
     import pandas as pd
 
     from dagster_batchllm.core.client import InferenceClient
@@ -76,25 +78,20 @@ def measure(base_url: str, rows: int, chunk_rows: int, image_dir: str, store: st
         store_url=f"sqlite:///{store}", chunk_rows=chunk_rows, progress_interval_s=3600.0)
     with InferenceClient(settings) as client:
         client.ledger.lookup_ok([], "", "")  # open the ledger before measuring
-        before = _rss_mib()
+        before = peak_resident_mib()
         start = time.perf_counter()
         result = client.infer(df, prompt="Extract the fields of {name}", images="page",
                               model="sim-model", output_column="fields", max_tokens=16)
         wall = time.perf_counter() - start
     assert result.stats.succeeded == rows, result.stats.summary()
-    return {"rows": rows, "chunk_rows": chunk_rows, "before": before, "peak": _rss_mib(),
+    return {"rows": rows, "chunk_rows": chunk_rows, "before": before, "peak": peak_resident_mib(),
             "wall": wall, "image_mib": rows * os.path.getsize(files[0]) / 2**20}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        base_url, rows, chunk_rows, image_dir, store = args.child
-        print(json.dumps(measure(base_url, int(rows), int(chunk_rows), image_dir, store)))
-        return
 
     from dagster_batchllm.testing import SimulatedEndpoint
 
@@ -102,10 +99,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work, SimulatedEndpoint(
             models=("sim-model",), latency_s=0.0, max_concurrency=256, process=True) as sim:
         image_dir = Path(work, "images")
-        image_dir.mkdir()
-        for i in range(DISTINCT_FILES):
-            (image_dir / f"page{i:02d}.png").write_bytes(random_png(i))
-        size_kb = (image_dir / "page00.png").stat().st_size / 1000
+        size_kb = write_images(image_dir)
         print(f"{DISTINCT_FILES} distinct PNGs of {size_kb:.0f} KB, sent by path\n")
         print(f"  {'rows':>6} {'chunk_rows':>10} {'images MiB':>10} {'rows/s':>8} "
               f"{'RSS before':>10} {'RSS peak':>9} {'growth':>8} {'KiB/row':>8}")
@@ -113,11 +107,8 @@ def main() -> None:
         for chunk_rows in (4096, 256):
             for rows in sizes:
                 store = str(Path(work, f"ledger-{chunk_rows}-{rows}.db"))
-                out = subprocess.run(
-                    [sys.executable, __file__, "--child", sim.base_url, str(rows),
-                     str(chunk_rows), str(image_dir), store],
-                    check=True, capture_output=True, text=True, cwd=ROOT)
-                r = json.loads(out.stdout.strip().splitlines()[-1])
+                r = run_child("bench.images", base_url=sim.base_url, rows=rows,
+                              chunk_rows=chunk_rows, image_dir=str(image_dir), store=store)
                 growth = r["peak"] - r["before"]
                 results.append((chunk_rows, rows, growth))
                 print(f"  {rows:>6} {chunk_rows:>10} {r['image_mib']:>10.0f} "
@@ -132,5 +123,5 @@ def main() -> None:
                   f"{per_row:.1f} KiB per extra row")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and not serve_child(measure):
     main()

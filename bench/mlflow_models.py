@@ -25,9 +25,9 @@ before the clock runs (spark_udf and model_udf both resolve the model when made)
 each one's best round; the ratio to spark_udf is the median over the rounds of that round's
 ratio. Figures taken on a shared 2-core machine vary by tens of percent between runs.
 
-Run::
+Run from the repository root::
 
-    python bench/mlflow_models.py            # --rows 100000 --served-rows 2000
+    .venv/bin/python -m bench.mlflow_models          # --rows 100000 --served-rows 2000
 """
 
 from __future__ import annotations
@@ -43,25 +43,21 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from dagster_batchllm.simulator.mlflow_registry import (  # noqa: E402
+from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.settings import (
+    EndpointSpec,
+    InferenceSettings,
+    MlflowModelSpec,
+)
+from dagster_batchllm.simulator.mlflow_registry import (
     LocalRegistry,
     ModelServer,
     feature_frame,
     fit_risk_model,
-)
-
-from dagster_batchllm.core.client import InferenceClient  # noqa: E402
-from dagster_batchllm.core.settings import (  # noqa: E402
-    EndpointSpec,
-    InferenceSettings,
-    MlflowModelSpec,
 )
 
 FEATURES = ["f1", "f2"]

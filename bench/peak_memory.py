@@ -1,12 +1,15 @@
-"""Peak resident memory of this process, for the benchmarks that measure it in a subprocess.
+"""Resident memory of this process, for the benchmarks that measure it in a subprocess
+(``bench.child``).
 
-``getrusage().ru_maxrss`` is the wrong figure there: Linux keeps it across ``exec``, so a child
+``getrusage().ru_maxrss`` is the wrong peak there: Linux keeps it across ``exec``, so a child
 started by a large parent (one that has just held a 100,000-row table) reports the parent's
 size, not its own. ``VmHWM`` in ``/proc/self/status`` belongs to the process image: it starts
 again at exec.
 """
 
 from __future__ import annotations
+
+import os
 
 
 def peak_resident_bytes() -> int:
@@ -20,3 +23,9 @@ def peak_resident_bytes() -> int:
 
 def peak_resident_mib() -> float:
     return peak_resident_bytes() / (1024 * 1024)
+
+
+def resident_bytes() -> int:
+    """This process's resident set size now, in bytes (Linux)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

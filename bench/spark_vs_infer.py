@@ -15,9 +15,9 @@ Python workers are started (and warmed on a few other rows) before the clock run
 compare throughput, not JVM start-up. ``infer()`` and Spark alternate over ``--rounds`` and the
 median counts; the naive pattern, slow by construction, runs once.
 
-Run::
+Run from the repository root::
 
-    python bench/spark_vs_infer.py           # --rows 5000 --rounds 3 --latency 0.05
+    .venv/bin/python -m bench.spark_vs_infer         # --rows 5000 --rounds 3 --latency 0.05
 """
 
 from __future__ import annotations
@@ -30,18 +30,15 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from dagster_batchllm.core.client import InferenceClient  # noqa: E402
-from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings  # noqa: E402
-from dagster_batchllm.spark import register_ai_functions  # noqa: E402
-from dagster_batchllm.testing import SimulatedEndpoint  # noqa: E402
+from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
+from dagster_batchllm.spark import register_ai_functions
+from dagster_batchllm.testing import SimulatedEndpoint
 
 MODEL = "sim-model"
 CONCURRENCY = 256

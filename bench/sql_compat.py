@@ -7,9 +7,9 @@ name. The table shows, per engine: translated (DuckDB/SQLite only; Spark reads D
 itself), ran, and whether the result types match the documented ones; then the counts, and
 why each example that did not run as documented did not.
 
-Run::
+Run from the repository root::
 
-    python bench/sql_compat.py             # --no-spark to skip Spark (it starts a JVM)
+    .venv/bin/python -m bench.sql_compat             # --no-spark: skip Spark (a JVM)
 """
 
 from __future__ import annotations
@@ -20,25 +20,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-from dagster_batchllm.core.client import InferenceClient  # noqa: E402
-from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings  # noqa: E402
-from dagster_batchllm.sql.compat import (  # noqa: E402
+from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
+from dagster_batchllm.sql.compat import (
     ExampleRun,
     run_on_duckdb,
     run_on_sqlite,
     sample_frames,
     transcripts_frame,
 )
-from dagster_batchllm.sql.documented import EXAMPLES, SERVED_MODELS  # noqa: E402
-from dagster_batchllm.testing import SimulatedEndpoint  # noqa: E402
+from dagster_batchllm.sql.documented import EXAMPLES, SERVED_MODELS
+from dagster_batchllm.testing import SimulatedEndpoint
 
-DATASET = REPO / "assets" / "data" / "call_center_transcripts.csv.gz"
+DATASET = Path(__file__).resolve().parents[1] / "assets" / "data" / "call_center_transcripts.csv.gz"
 
 
 def settings_for(sim: SimulatedEndpoint, store: Path) -> InferenceSettings:

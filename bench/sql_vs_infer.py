@@ -7,9 +7,9 @@ query (vectorized UDF, 2048 rows per call) and ``ai_query`` on SQLite through th
 alternate the modes so that load from elsewhere on the machine hits them alike, and the median
 round counts.
 
-Run::
+Run from the repository root::
 
-    python bench/sql_vs_infer.py            # --rows 5000 --rounds 3 --latency 0.05
+    .venv/bin/python -m bench.sql_vs_infer           # --rows 5000 --rounds 3 --latency 0.05
 """
 
 from __future__ import annotations
@@ -17,22 +17,17 @@ from __future__ import annotations
 import argparse
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
+import duckdb
+import pandas as pd
 
-import duckdb  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from dagster_batchllm.core.client import InferenceClient  # noqa: E402
-from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings  # noqa: E402
-from dagster_batchllm.sql import execute, register_ai_functions  # noqa: E402
-from dagster_batchllm.testing import SimulatedEndpoint  # noqa: E402
+from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
+from dagster_batchllm.sql import execute, register_ai_functions
+from dagster_batchllm.testing import SimulatedEndpoint
 
 MODEL = "sim-model"
 CONCURRENCY = 256

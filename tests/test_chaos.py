@@ -1,4 +1,5 @@
-"""The chaos suite of bench/chaos.py in its reduced form: fewer rows, shorter storms.
+"""The chaos suite of bench/chaos.py (dagster_batchllm.testing.chaos) in its reduced form: fewer
+rows, shorter storms.
 
 Every scenario must end with no missing row (each ok with its own answer, failed with a typed
 reason, or deferred), duplicate deliveries no more than the requests in flight at a crash, and
@@ -7,17 +8,12 @@ the token budget and the endpoints' rate limits never exceeded, all measured at 
 
 from __future__ import annotations
 
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-from chaos_scenarios import SCENARIOS, TEST, postgres_unavailable, run_scenario
-
 from dagster_batchllm.core.ledger.table import Ledger
+from dagster_batchllm.testing.chaos import SCENARIOS, TEST, postgres_unavailable, run_scenario
 
 SCENARIO_PARAMS = [
     pytest.param(name, marks=[pytest.mark.postgres] if name.endswith("postgres") else [], id=name)

@@ -1,6 +1,9 @@
-"""A simulated OpenAI-compatible endpoint for tests and benchmarks.
+"""A simulated OpenAI-compatible endpoint for tests and benchmarks, and what both share around
+it: calls at once on threads and a process killed mid-way (``concurrency``), a TCP proxy that
+cuts a database off (``tcp_proxy``), and the chaos suite (``dagster_batchllm.testing.chaos``,
+imported on its own).
 
-It never imports dagster: it runs in subprocesses and Spark executors.
+None of it imports dagster: it runs in subprocesses and Spark executors.
 
 Example::
 
@@ -29,9 +32,12 @@ from ..simulator.responders import (
     schema_instance,
 )
 from ..simulator.state import max_in_window
+from .concurrency import run_on_threads, sigkill_when
+from .tcp_proxy import CuttableProxy
 
 __all__ = [
     "RISK_LEVEL_SCHEMA",
+    "CuttableProxy",
     "EchoResponder",
     "LocalRegistry",
     "ModelServer",
@@ -42,7 +48,9 @@ __all__ = [
     "openai_client",
     "png_bytes",
     "post_json",
+    "run_on_threads",
     "schema_instance",
+    "sigkill_when",
     "stop_process",
     "wait_for_batch",
     "wait_until",

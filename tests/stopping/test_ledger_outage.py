@@ -18,8 +18,7 @@ import sqlalchemy as sa
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.ledger.writer import LedgerUnwritable
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
-from dagster_batchllm.testing import SimulatedEndpoint, wait_until
-from tests.stopping.tcp_proxy import CuttableProxy
+from dagster_batchllm.testing import CuttableProxy, SimulatedEndpoint, wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -68,6 +67,15 @@ class _Run:
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
 
+    @classmethod
+    def a_quarter_answered(cls, sim: SimulatedEndpoint, settings: InferenceSettings, tag: str
+                           ) -> tuple[pd.DataFrame, _Run]:
+        """``ROWS`` rows named by ``tag``, and their run once a quarter of them are answered."""
+        df = pd.DataFrame({"t": [f"{tag} row {i}" for i in range(ROWS)]})
+        run = cls(settings, df)
+        wait_until(lambda: sim.stats(log=False)["ok"] >= ROWS // 4, 60, "a quarter answered")
+        return df, run
+
     def join(self, timeout_s: float) -> dict:
         self.thread.join(timeout_s)
         assert not self.thread.is_alive(), f"the run did not finish within {timeout_s} s:\n" + \
@@ -91,9 +99,7 @@ def test_a_15_s_cut_of_the_ledger_database_loses_no_row_and_pays_nothing_twice(t
     proxy, store_url, table = through_proxy
     with SimulatedEndpoint(latency_s=0.02, process=True) as sim:
         settings = _settings(sim, store_url, table)
-        df = pd.DataFrame({"t": [f"outage row {i}" for i in range(ROWS)]})
-        run = _Run(settings, df)
-        wait_until(lambda: sim.stats(log=False)["ok"] >= ROWS // 4, 60, "a quarter answered")
+        df, run = _Run.a_quarter_answered(sim, settings, "outage")
         proxy.cut()
         cut_at = sim.stats(log=False)["ok"]
         time.sleep(15)
@@ -113,9 +119,7 @@ def test_connections_that_stop_answering_are_given_up_after_ledger_statement_tim
     proxy, store_url, table = through_proxy
     with SimulatedEndpoint(latency_s=0.02, process=True) as sim:
         settings = _settings(sim, store_url, table, ledger_statement_timeout_s=1.0)
-        df = pd.DataFrame({"t": [f"frozen row {i}" for i in range(ROWS)]})
-        run = _Run(settings, df)
-        wait_until(lambda: sim.stats(log=False)["ok"] >= ROWS // 4, 60, "a quarter answered")
+        df, run = _Run.a_quarter_answered(sim, settings, "frozen")
         proxy.freeze()
         # The default deadline (30 s) would still be waiting; 1 s lets the run go on.
         outcome = run.join(25)
@@ -128,9 +132,7 @@ def test_past_ledger_outage_s_the_run_fails_naming_the_database_and_a_rerun_pays
     proxy, store_url, table = through_proxy
     with SimulatedEndpoint(latency_s=0.02, process=True) as sim:
         settings = _settings(sim, store_url, table, ledger_outage_s=2.0)
-        df = pd.DataFrame({"t": [f"lost db row {i}" for i in range(ROWS)]})
-        run = _Run(settings, df)
-        wait_until(lambda: sim.stats(log=False)["ok"] >= ROWS // 4, 60, "a quarter answered")
+        df, run = _Run.a_quarter_answered(sim, settings, "lost db")
         proxy.cut()
         outcome = run.join(30)  # the default bound (120 s) would still be waiting
         error = outcome.get("error")
