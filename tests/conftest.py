@@ -45,6 +45,23 @@ def sim():
         yield endpoint
 
 
+@pytest.fixture(scope="module")
+def embedding_server():
+    """One simulated endpoint per test module serving the chat model ``sim-model`` and the
+    embedding model ``sim-embed`` (16 dimensions); a test takes it as ``embed_sim``."""
+    with SimulatedEndpoint(models=("sim-model",), embedding_models=("sim-embed",),
+                           embedding_dimensions=16) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def embed_sim(embedding_server):
+    """``embedding_server`` with its figures cleared and no context limit, for one test."""
+    embedding_server.reset_stats()
+    embedding_server.configure(max_context_tokens=None)
+    return embedding_server
+
+
 @pytest.fixture
 def make_settings(tmp_path):
     """Settings over the given simulated endpoints, with a fresh SQLite ledger file."""

@@ -18,9 +18,9 @@ import sqlalchemy as sa
 
 from dagster_batchllm import InferenceConfigError
 from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.ledger.stores import validate_identifier
 from dagster_batchllm.core.ledger.table import Ledger
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
-from dagster_batchllm.core.ledger.stores import validate_identifier
 from dagster_batchllm.testing import SimulatedEndpoint
 
 MODEL = "sim-model"

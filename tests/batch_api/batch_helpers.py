@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from dagster_batchllm.core.delivery.batch_api.book import BatchBook
 from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.delivery.batch_api.book import BatchBook
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
 from dagster_batchllm.testing import SimulatedEndpoint
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-
 from batch_helpers import MODEL, PROMPT, batch_stats, book_of, frame
 
 from dagster_batchllm.core.delivery.batch_api.book import BatchBook
 from dagster_batchllm.core.ledger.table import Ledger
+from dagster_batchllm.testing import run_on_threads
 
 
 def _submission(book: BatchBook, sub: str) -> None:
@@ -29,22 +28,12 @@ def test_an_attempt_of_a_key_is_recorded_in_one_batch_only(store_url):
 
 def test_two_partitions_submitting_the_same_rows_at_once_pay_for_each_once(held, make_client):
     df = frame(3000)
-    results, errors = {}, []
 
-    def run(day: str) -> None:
-        try:
-            client = make_client(held)
-            results[day] = client.infer(df, prompt=PROMPT, model=MODEL, output_column="s",
-                                        mode="batch_api", wait=False, partition_key=day)
-        except Exception as exc:  # reported below
-            errors.append(exc)
+    def run(day: str):
+        return make_client(held).infer(df, prompt=PROMPT, model=MODEL, output_column="s",
+                                       mode="batch_api", wait=False, partition_key=day)
 
-    threads = [threading.Thread(target=run, args=(day,)) for day in ("d1", "d2")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not errors, errors
+    results = run_on_threads(run, ("d1", "d2"))
     assert all(r.stats.deferred == 3000 for r in results.values())
     assert sum(r.stats.requests for r in results.values()) == 3000  # lines written
     held.advance_batches()  # validated: the lines the batches hold are counted

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from batch_helpers import MODEL, PROMPT, batch_settings, batch_stats, book_of, frame
 
-from dagster_batchllm.core.delivery.batch_api.tables import owner_id
 from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.delivery.batch_api.tables import owner_id
 from dagster_batchllm.core.run.engine import InferenceRun
 from dagster_batchllm.simulator.responders import EchoResponder
 from dagster_batchllm.testing import SimulatedEndpoint

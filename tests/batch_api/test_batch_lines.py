@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from dagster_batchllm.core.delivery.batch_api.lines import chat_answer_block, line_blocks
 from dagster_batchllm.core.delivery.batch_api.protocol import OpenAIBatchProtocol
+from dagster_batchllm.core.delivery.transport import completion_from_payload
 from dagster_batchllm.core.errors import RowError
 from dagster_batchllm.core.settings import EndpointSpec
-from dagster_batchllm.core.delivery.transport import completion_from_payload
 
 PROTOCOL = OpenAIBatchProtocol(EndpointSpec(name="sim", base_url="http://127.0.0.1:9",
                                             models=("m",), batch_api=True))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from batch_helpers import MODEL, PROMPT, batch_stats, book_of, frame
 
-from dagster_batchllm.testing import SimulatedEndpoint, wait_until
+from dagster_batchllm.testing import SimulatedEndpoint, sigkill_when
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,24 +60,16 @@ def test_sigkill_after_submission_then_a_rerun_submits_nothing(tmp_path, held, m
     script.write_text(CHILD)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     held.configure(batch_validating_s=0.0)  # validated at once, then held in progress
+    client = make_client(held)
+    book = book_of(client)
     proc = subprocess.Popen([sys.executable, str(script), held.base_url, store_url, "3000"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-    try:
-        client = make_client(held)
-        book = book_of(client)
 
-        def submitted() -> bool:
-            batches = book.all_batches()
-            return len(batches) == 3 and all(b["batch_id"] for b in batches)
+    def submitted() -> bool:
+        batches = book.all_batches()
+        return len(batches) == 3 and all(b["batch_id"] for b in batches)
 
-        wait_until(lambda: proc.poll() is not None or submitted(), 120, "three batches")
-        assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    sigkill_when(proc, submitted, 120, "three batches")
     assert proc.returncode == -signal.SIGKILL
     before = batch_stats(held)
     assert before["batches_created"] == 3 and before["files_uploaded"] == 3
@@ -103,8 +95,8 @@ def test_a_submission_its_run_never_created_is_forgotten_and_submitted(tmp_path,
                             "route": "/chat/completions", "lines": 0, "bytes": 0,
                             "scope": "", "partition_key": "", "run_id": None})
     df = frame(5)
-    from dagster_batchllm.core.tasks.chat.call import InferenceCall
     from dagster_batchllm.core.run.prompts import iter_row_requests, row_tuples
+    from dagster_batchllm.core.tasks.chat.call import InferenceCall
 
     call = InferenceCall(prompt=PROMPT, model=MODEL, output_column="summary")
     keys = [r.key for r in iter_row_requests(row_tuples(df), call, default_max_tokens=512)]

@@ -10,7 +10,7 @@ import pytest
 
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.simulator.state import tokens
-from dagster_batchllm.testing import SimulatedEndpoint
+from dagster_batchllm.testing import SimulatedEndpoint, run_on_threads
 
 MODEL = "sim-model"
 
@@ -143,26 +143,14 @@ def test_two_runs_at_once_sharing_one_ledger_respect_the_endpoints_max_concurren
     with SimulatedEndpoint(latency_s=0.02) as sim:
         settings = endpoints_with(make_settings(sim, coordination_interval_s=0.2),
                                   max_concurrency=cap)
-        results: dict[str, object] = {}
-        errors: list[BaseException] = []
         barrier = threading.Barrier(2)
 
-        def run(name: str) -> None:
-            try:
-                with InferenceClient(settings) as client:
-                    barrier.wait()
-                    results[name] = infer(client, frame(160, prefix=f"run {name} item"),
-                                          partition_key=name)
-            except BaseException as exc:
-                errors.append(exc)
+        def run(name: str):
+            with InferenceClient(settings) as client:
+                barrier.wait()
+                return infer(client, frame(160, prefix=f"run {name} item"), partition_key=name)
 
-        threads = [threading.Thread(target=run, args=(name,)) for name in ("p1", "p2")]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
-
-        assert not errors, errors
+        results = run_on_threads(run, ("p1", "p2"), timeout_s=60)
         assert all(results[name].stats.succeeded == 160 for name in ("p1", "p2"))
         server = sim.stats(log=False)
         assert server["ok"] == 320 and server["duplicates"] == 0

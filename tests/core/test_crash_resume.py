@@ -15,7 +15,7 @@ import pytest
 
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.ledger.table import Ledger
-from dagster_batchllm.testing import SimulatedEndpoint, wait_until
+from dagster_batchllm.testing import SimulatedEndpoint, sigkill_when, wait_until
 
 ROWS = 2000
 CONCURRENCY = 32
@@ -56,16 +56,10 @@ def test_run_killed_with_sigkill_resumes_every_row_and_resends_at_most_what_was_
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
         )
         try:
-            wait_until(lambda: sim.stats(log=False)["ok"] >= ROWS // 2 or child.poll() is not None,
-                       60, "the child to get half way")
-            assert child.poll() is None, child.communicate()
-            child.send_signal(signal.SIGKILL)
-            child.wait(10)
+            sigkill_when(child, lambda: sim.stats(log=False)["ok"] >= ROWS // 2, 60,
+                         "the child to get half way")
         finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-            stdout = child.stdout.read().decode()
+            stdout = child.stdout.read().decode() if not child.stdout.closed else ""
             child.stdout.close()
             child.stderr.close()
         assert child.returncode == -signal.SIGKILL and "finished" not in stdout

@@ -3,72 +3,65 @@
 from __future__ import annotations
 
 import gc
-import threading
 import weakref
 
 import pandas as pd
+import pytest
 
 from dagster_batchllm.core.run import engine, gc_pacing
 from dagster_batchllm.core.run.gc_pacing import BATCH_THRESHOLDS, RUN_THRESHOLDS, fewer_collections
+from dagster_batchllm.testing import run_on_threads
+
+DEFAULT = (700, 10, 10)  # CPython's thresholds
 
 
-def test_the_thresholds_are_raised_while_any_run_is_active_and_restored_after_the_last():
+@pytest.fixture
+def default_thresholds():
+    """The collector's thresholds at ``DEFAULT`` for the test, put back as they were after."""
     before = gc.get_threshold()
-    try:
-        gc.set_threshold(700, 10, 10)
-        with fewer_collections():
-            assert gc.get_threshold() == RUN_THRESHOLDS
-            with fewer_collections():  # a second run (nested, or on another thread)
-                pass
-            assert gc.get_threshold() == RUN_THRESHOLDS  # the first still runs
-        assert gc.get_threshold() == (700, 10, 10)
-        gc.set_threshold(200_000, 5, 500)  # higher than a run's: kept where higher
-        with fewer_collections():
-            assert gc.get_threshold() == (200_000, 50, 500)
-        assert gc.get_threshold() == (200_000, 5, 500)
-    finally:
-        gc.set_threshold(*before)
+    gc.set_threshold(*DEFAULT)
+    yield
+    gc.set_threshold(*before)
 
 
-def test_a_batch_call_raises_them_further_while_it_runs_beside_online_runs():
-    before = gc.get_threshold()
-    try:
-        gc.set_threshold(700, 10, 10)
-        with fewer_collections():
-            with fewer_collections(BATCH_THRESHOLDS):
-                assert gc.get_threshold() == BATCH_THRESHOLDS
-            assert gc.get_threshold() == RUN_THRESHOLDS  # the online run's, once it is alone
-        assert gc.get_threshold() == (700, 10, 10)
-    finally:
-        gc.set_threshold(*before)
+def test_the_thresholds_are_raised_while_any_run_is_active_and_restored_after_the_last(
+        default_thresholds):
+    with fewer_collections():
+        assert gc.get_threshold() == RUN_THRESHOLDS
+        with fewer_collections():  # a second run (nested, or on another thread)
+            pass
+        assert gc.get_threshold() == RUN_THRESHOLDS  # the first still runs
+    assert gc.get_threshold() == DEFAULT
+    gc.set_threshold(200_000, 5, 500)  # higher than a run's: kept where higher
+    with fewer_collections():
+        assert gc.get_threshold() == (200_000, 50, 500)
+    assert gc.get_threshold() == (200_000, 5, 500)
 
 
-def test_a_caller_that_changes_the_thresholds_during_a_run_keeps_its_own():
-    before = gc.get_threshold()
-    try:
-        gc.set_threshold(700, 10, 10)
-        with fewer_collections():
-            gc.set_threshold(1234, 10, 10)
-        assert gc.get_threshold() == (1234, 10, 10)
-    finally:
-        gc.set_threshold(*before)
+def test_a_batch_call_raises_them_further_while_it_runs_beside_online_runs(default_thresholds):
+    with fewer_collections():
+        with fewer_collections(BATCH_THRESHOLDS):
+            assert gc.get_threshold() == BATCH_THRESHOLDS
+        assert gc.get_threshold() == RUN_THRESHOLDS  # the online run's, once it is alone
+    assert gc.get_threshold() == DEFAULT
+
+
+def test_a_caller_that_changes_the_thresholds_during_a_run_keeps_its_own(default_thresholds):
+    with fewer_collections():
+        gc.set_threshold(1234, 10, 10)
+    assert gc.get_threshold() == (1234, 10, 10)
 
 
 def test_concurrent_runs_on_threads_leave_the_thresholds_as_they_found_them(sim, make_client):
     before = gc.get_threshold()
     client = make_client(sim)
-    frames = [pd.DataFrame({"text": [f"thread {t} row {i}" for i in range(200)]})
-              for t in range(3)]
 
-    def run(df):
+    def run(t: int) -> None:
+        df = pd.DataFrame({"text": [f"thread {t} row {i}" for i in range(200)]})
         result = client.infer(df, prompt="Echo {text}", model="sim-model")
         assert result.stats.succeeded == len(df)
 
-    threads = [threading.Thread(target=run, args=(df,)) for df in frames]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_on_threads(run, range(3))
     assert gc.get_threshold() == before and not gc_pacing._holders
 
 

@@ -17,13 +17,12 @@ from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
 pytest.importorskip("mlflow")
 
 from dagster_batchllm.simulator.mlflow_registry import (
+    FEATURES,
     ModelServer,
     feature_frame,
     fit_risk_model,
     two_risk_versions,
 )
-
-FEATURES = ["f1", "f2"]
 
 
 @pytest.fixture

@@ -101,6 +101,25 @@ def records():
 
 
 @pytest.fixture
+def on_both(records):
+    """``on_both(engines, query, columns)`` over ``engines_over``'s engines: the query's rows on
+    Spark SQL and on DuckDB (``dialect="databricks"``) as ``records``, and the requests each
+    engine sent for it: ``on_spark, on_duckdb, (sent_by_spark, sent_by_duckdb)``."""
+    from dagster_batchllm.sql import execute
+
+    def run(engines, query, columns):
+        spark, con, sim = engines
+        sent = sim.stats(log=False)["requests"]
+        on_spark = records(spark.sql(query).toPandas(), columns)
+        by_spark = sim.stats(log=False)["requests"] - sent
+        on_duckdb = records(execute(con, query, dialect="databricks").df(), columns)
+        by_duckdb = sim.stats(log=False)["requests"] - sent - by_spark
+        return on_spark, on_duckdb, (by_spark, by_duckdb)
+
+    return run
+
+
+@pytest.fixture
 def ai_spark(spark, make_settings):
     """The AI functions registered in Spark SQL over a simulated endpoint serving
     ``llama-70b``; the endpoint, to count what reached it."""
@@ -110,3 +129,17 @@ def ai_spark(spark, make_settings):
     with SimulatedEndpoint(models=("llama-70b",)) as sim:
         register_ai_functions(spark, make_settings(sim))
         yield sim
+
+
+@pytest.fixture
+def fails_before_sending(spark, ai_spark):
+    """``fails_before_sending(query, message)``: the Spark SQL ``query`` fails with an error
+    matching ``message`` (handed back) before any request reached ``ai_spark``'s endpoint."""
+
+    def check(query: str, message: str) -> BaseException:
+        with pytest.raises(Exception, match=message) as info:
+            spark.sql(query).collect()
+        assert ai_spark.stats(log=False)["requests"] == 0
+        return info.value
+
+    return check

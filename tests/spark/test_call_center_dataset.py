@@ -44,14 +44,11 @@ def engines(engines_over, rows):
     return engines_over(rows[["call_id", "call_timestamp", "transcript_raw_text"]])
 
 
-def test_the_example_runs_as_written_on_every_shipped_row(engines, rows, records):
-    spark, con, sim = engines
+def test_the_example_runs_as_written_on_every_shipped_row(engines, rows, on_both):
     columns = ["call_id", "call_timestamp", "summary_analysis", "risk_level", "action_required"]
 
-    on_spark = records(spark.sql(CALL_CENTER_PIPELINE).toPandas(), columns)
-    sent_by_spark = sim.stats(log=False)["requests"]
-    on_duckdb = records(execute(con, CALL_CENTER_PIPELINE, dialect="databricks").df(), columns)
-    sent_by_duckdb = sim.stats(log=False)["requests"] - sent_by_spark
+    on_spark, on_duckdb, (sent_by_spark, sent_by_duckdb) = on_both(
+        engines, CALL_CENTER_PIPELINE, columns)
 
     assert on_duckdb == on_spark and len(on_spark) > 100
     # Each engine sends every transcript with text once, NULL and blank ones not at all.
@@ -60,12 +57,10 @@ def test_the_example_runs_as_written_on_every_shipped_row(engines, rows, records
     assert sent_by_spark == sent_by_duckdb == distinct
 
 
-def test_null_and_blank_transcripts_get_null_summaries_on_both_engines(engines, rows, records):
-    spark, con, _ = engines
+def test_null_and_blank_transcripts_get_null_summaries_on_both_engines(engines, on_both):
     columns = ["call_id", "transcript_text", "summary_analysis", "risk_level", "action_required"]
 
-    on_spark = records(spark.sql(EVERY_ROW).toPandas(), columns)
-    on_duckdb = records(execute(con, EVERY_ROW, dialect="databricks").df(), columns)
+    on_spark, on_duckdb, _ = on_both(engines, EVERY_ROW, columns)
 
     assert on_duckdb == on_spark and len(on_spark) == 720
     empty = [r for r in on_spark if r[1] is None or not r[1].strip()]

@@ -59,29 +59,24 @@ def engines(engines_over, rows):
                               "transcript_raw_text string")
 
 
-def test_the_example_gives_the_same_rows_on_duckdb_and_spark(engines, rows, records):
-    spark, con, sim = engines
+def test_the_example_gives_the_same_rows_on_duckdb_and_spark(engines, rows, on_both):
     columns = ["call_id", "call_timestamp", "summary_analysis", "risk_level", "action_required"]
 
-    on_spark = records(spark.sql(DATABRICKS_EXAMPLE).toPandas(), columns)
-    sent_by_spark = sim.stats(log=False)["requests"]
-    on_duckdb = records(execute(con, DATABRICKS_EXAMPLE, dialect="databricks").df(), columns)
+    on_spark, on_duckdb, (sent_by_spark, sent_by_duckdb) = on_both(
+        engines, DATABRICKS_EXAMPLE, columns)
 
     assert on_duckdb == on_spark
     labels = {(r[3], r[4]) for r in on_spark}
     assert {"High Risk", "Medium Risk"} <= {risk for risk, _ in labels}
     assert {"Refund Request", "Complaint", "General Inquiry"} <= {a for _, a in labels}
     # Each engine has its own ledger, so DuckDB asked the endpoint too (once per distinct text).
-    sent_by_duckdb = sim.stats(log=False)["requests"] - sent_by_spark
     assert 0 < sent_by_duckdb <= sent_by_spark <= rows["transcript_raw_text"].notna().sum()
 
 
-def test_every_row_cleaned_summarized_and_labelled_alike(engines, rows, records):
-    spark, con, _ = engines
+def test_every_row_cleaned_summarized_and_labelled_alike(engines, rows, on_both):
     columns = ["call_id", "transcript_text", "summary_analysis", "risk_level", "action_required"]
 
-    on_spark = records(spark.sql(EVERY_ROW).toPandas(), columns)
-    on_duckdb = records(execute(con, EVERY_ROW, dialect="databricks").df(), columns)
+    on_spark, on_duckdb, _ = on_both(engines, EVERY_ROW, columns)
 
     assert len(on_spark) == len(rows)
     mismatched = [(s, d) for s, d in zip(on_spark, on_duckdb, strict=True) if s != d]

@@ -10,8 +10,8 @@ import pytest
 
 import dagster_batchllm.spark
 import dagster_batchllm.sql
-from dagster_batchllm.core.tasks.chat.call import InferenceCall
 from dagster_batchllm.core.errors import InferenceConfigError
+from dagster_batchllm.core.tasks.chat.call import InferenceCall
 from dagster_batchllm.spark import SparkAI, ai_query_col, register_ai_functions
 from dagster_batchllm.spark.job import MODEL_COLUMN, PROMPT_COLUMN
 from dagster_batchllm.spark.worker import client_for, run_scalar

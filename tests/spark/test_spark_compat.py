@@ -78,8 +78,7 @@ def test_the_older_name_value_form_runs_in_spark_sql(spark, texts, make_settings
     ("'returntype', 'STRING'", "names are case-sensitive"),
     ("'returnType', 'INT'", "returns STRING"),
 ])
-def test_malformed_name_value_pairs_fail_before_any_request(spark, texts, ai_spark,
+def test_malformed_name_value_pairs_fail_before_any_request(texts, fails_before_sending,
                                                             arguments, message):
-    with pytest.raises(Exception, match=message):
-        spark.sql(f"SELECT ai_query('llama-70b', x, {arguments}) FROM compat_texts").collect()
-    assert ai_spark.stats(log=False)["requests"] == 0
+    fails_before_sending(f"SELECT ai_query('llama-70b', x, {arguments}) FROM compat_texts",
+                         message)

@@ -16,12 +16,12 @@ pytest.importorskip("mlflow")
 
 import mlflow
 import mlflow.pyfunc
+
+from dagster_batchllm.core.settings import InferenceSettings, MlflowModelSpec
 from dagster_batchllm.simulator.mlflow_registry import (
     feature_frame,
     fit_risk_model,
 )
-
-from dagster_batchllm.core.settings import InferenceSettings, MlflowModelSpec
 from dagster_batchllm.spark import model_udf, predict_grouped
 
 FEATURES = ["f1", "f2"]
@@ -238,10 +238,9 @@ def test_model_udf_on_a_served_model_keys_its_declared_version_as_predict_does(
         spark, mlflow_registry, tmp_path):
     """Served through the pool from the executors with the driver's resolution of the
     endpoint's served_model_uri: predict() afterwards finds every row under the same keys."""
-    from dagster_batchllm.simulator.mlflow_registry import ModelServer
-
     from dagster_batchllm.core.client import InferenceClient
     from dagster_batchllm.core.settings import EndpointSpec
+    from dagster_batchllm.simulator.mlflow_registry import ModelServer
 
     frame = _frame(300, seed=46)
     with ModelServer("models:/risk/1", tracking_uri=mlflow_registry.uri) as server:

@@ -116,11 +116,9 @@ def test_model_parameters_and_response_format_reach_the_endpoint(spark, transcri
      "must be a constant"),
     ("ai_query('llama-70b', transcript_raw_text, temperature => 0.1)", "has no parameter"),
 ])
-def test_argument_mistakes_fail_the_query_before_any_request(spark, transcripts, ai_spark,
+def test_argument_mistakes_fail_the_query_before_any_request(transcripts, fails_before_sending,
                                                              query, message):
-    with pytest.raises(Exception, match=message):
-        spark.sql(f"SELECT {query} FROM call_center_transcripts").collect()
-    assert ai_spark.stats(log=False)["requests"] == 0
+    fails_before_sending(f"SELECT {query} FROM call_center_transcripts", message)
 
 
 def test_an_endpoint_name_serving_one_model_stands_for_it(spark, transcripts, make_settings):

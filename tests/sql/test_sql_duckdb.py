@@ -11,41 +11,31 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm.sql import FUNCTIONS, AIQueryError, register_ai_functions
+from dagster_batchllm.sql.examples import CALL_CENTER_PIPELINE
 from dagster_batchllm.testing import EchoResponder, SimulatedEndpoint
 
 DATASET = Path(__file__).resolve().parents[2] / "assets" / "data" / "call_center_transcripts.csv.gz"
 
-# The Databricks example's three steps in DuckDB's dialect: regexp_replace needs 'g' to replace
-# every match, and '\s' is written without Spark's doubled backslash (issue 8 translates).
-DATABRICKS_PIPELINE = r"""
--- Step 1: Preprocessing
-WITH cleaned_data AS (
-    SELECT LOWER(regexp_replace(transcript_raw_text, '[^a-zA-Z\s]', '', 'g')) AS transcript_text,
-           call_id, call_timestamp
-    FROM call_center_transcripts
-),
--- Step 2: LLM Inference
-inference_result AS (
-    SELECT call_id, call_timestamp, ai_query('sim-model', transcript_text) AS summary_analysis
-    FROM cleaned_data
-),
--- Step 3: Post-processing
-final_result AS (
-    SELECT call_id, call_timestamp, summary_analysis,
-        CASE WHEN summary_analysis LIKE '%angry%' THEN 'High Risk'
-             WHEN summary_analysis LIKE '%upset%' THEN 'Medium Risk' ELSE 'Low Risk' END
-             AS risk_level,
-        CASE WHEN summary_analysis LIKE '%refund%' THEN 'Refund Request'
-             WHEN summary_analysis LIKE '%complaint%' THEN 'Complaint' ELSE 'General Inquiry' END
-             AS action_required
-    FROM inference_result
+
+def _edited(query: str, *edits: tuple[str, str]) -> str:
+    """``query`` with each (old, new) edit made, each ``old`` found exactly once."""
+    for old, new in edits:
+        assert query.count(old) == 1, f"the example no longer holds {old!r} once"
+        query = query.replace(old, new)
+    return query
+
+
+# The Databricks example (dagster_batchllm.sql.examples) written by hand in DuckDB's dialect, no
+# translation: regexp_replace needs 'g' to replace every match, '\s' is written without Spark's
+# doubled backslash (issue 8 translates); it asks the simulated model, its rows in call_id order.
+DATABRICKS_PIPELINE = _edited(
+    CALL_CENTER_PIPELINE,
+    (r"regexp_replace(transcript_raw_text, '[^a-zA-Z\\s]', '')",
+     r"regexp_replace(transcript_raw_text, '[^a-zA-Z\s]', '', 'g')"),
+    ("ai_query('llama-70b', transcript_text)", "ai_query('sim-model', transcript_text)"),
+    ("WHERE risk_level IN ('High Risk', 'Medium Risk');",
+     "WHERE risk_level IN ('High Risk', 'Medium Risk')\nORDER BY call_id;"),
 )
--- Retrieve Results
-SELECT call_id, call_timestamp, summary_analysis, risk_level, action_required
-FROM final_result
-WHERE risk_level IN ('High Risk', 'Medium Risk')
-ORDER BY call_id;
-"""
 
 
 class Recorder(EchoResponder):

@@ -15,25 +15,16 @@ import pytest
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
 from dagster_batchllm.sql import AIQueryError, execute, register_ai_functions
-from dagster_batchllm.testing import SimulatedEndpoint, openai_client
+from dagster_batchllm.testing import openai_client
 
 EMBED = "sim-embed"
 TEXTS = ["I want a refund for my lamp", "What time does the store close", None,
          "I want a refund for my lamp", "   "]
 
 
-@pytest.fixture(scope="module")
-def sim():
-    with SimulatedEndpoint(models=("sim-model",), embedding_models=(EMBED,),
-                           embedding_dimensions=16) as endpoint:
-        yield endpoint
-
-
 @pytest.fixture
-def client(sim, tmp_path):
-    sim.reset_stats()
-    sim.configure(max_context_tokens=None)
-    spec = EndpointSpec(name="sim", base_url=sim.base_url, models=("sim-model",),
+def client(embed_sim, tmp_path):
+    spec = EndpointSpec(name="sim", base_url=embed_sim.base_url, models=("sim-model",),
                         embedding_models=(EMBED,))
     with InferenceClient(InferenceSettings(endpoints=(spec,), store_url=f"sqlite:///"
                                            f"{tmp_path / 'ledger.db'}")) as client:
@@ -48,18 +39,19 @@ def duck(client, tables_in):
     return con
 
 
-def reference(sim, texts):
-    reply = openai_client(sim).embeddings.create(model=EMBED, input=texts)
+def reference(embed_sim, texts):
+    reply = openai_client(embed_sim).embeddings.create(model=EMBED, input=texts)
     return [np.array(d.embedding, dtype=np.float32) for d in reply.data]
 
 
-def test_duckdb_gives_float_lists_that_cosine_functions_take(duck, sim):
+def test_duckdb_gives_float_lists_that_cosine_functions_take(duck, embed_sim):
     rows = duck.sql(f"SELECT id, ai_query('{EMBED}', t), typeof(ai_query('{EMBED}', t)) "
                     "FROM calls ORDER BY id").fetchall()
     assert {r[2] for r in rows} == {"FLOAT[]"}
     assert rows[2][1] is None and rows[4][1] is None  # NULL and blank: NULL, nothing sent
-    assert sim.stats()["embeddings"]["inputs"] == 2 and sim.stats()["embeddings"]["requests"] == 1
-    expected = reference(sim, [TEXTS[0], TEXTS[1]])
+    sent = embed_sim.stats()["embeddings"]
+    assert sent["inputs"] == 2 and sent["requests"] == 1
+    expected = reference(embed_sim, [TEXTS[0], TEXTS[1]])
     np.testing.assert_array_equal(np.array(rows[0][1], np.float32), expected[0])
     np.testing.assert_array_equal(np.array(rows[1][1], np.float32), expected[1])
     pairs = duck.sql(f"""
@@ -75,15 +67,15 @@ def test_duckdb_gives_float_lists_that_cosine_functions_take(duck, sim):
     assert pairs[0][3] == pytest.approx(cosine, abs=1e-5)
 
 
-def test_the_ledger_is_shared_with_embed(duck, client, sim):
+def test_the_ledger_is_shared_with_embed(duck, client, embed_sim):
     client.embed(pd.DataFrame({"t": [TEXTS[0], TEXTS[1]]}), input_column="t", model=EMBED)
-    sim.reset_stats()
+    embed_sim.reset_stats()
     duck.sql(f"SELECT ai_query('{EMBED}', t) FROM calls").fetchall()
-    assert sim.stats()["embeddings"]["requests"] == 0
+    assert embed_sim.stats()["embeddings"]["requests"] == 0
 
 
-def test_failures_fail_the_query_or_become_data(duck, sim):
-    sim.configure(max_context_tokens=7)  # the lamp sentence fits (7), the store one does not
+def test_failures_fail_the_query_or_become_data(duck, embed_sim):
+    embed_sim.configure(max_context_tokens=7)  # the lamp sentence fits (7), the store one does not
     with pytest.raises(duckdb.Error, match="ai_query failed for 1 of the 5 rows"):
         duck.sql(f"SELECT ai_query('{EMBED}', t) FROM calls").fetchall()
     call = f"ai_query('{EMBED}', t, failOnError := false)"
@@ -94,13 +86,13 @@ def test_failures_fail_the_query_or_become_data(duck, sim):
     assert len(rows[0][1]["result"]) == 16 and rows[0][1]["errorMessage"] is None
 
 
-def test_chat_options_are_refused_for_an_embedding_model(duck, sim):
+def test_chat_options_are_refused_for_an_embedding_model(duck, embed_sim):
     with pytest.raises(duckdb.Error, match="embedding model: it returns ARRAY<FLOAT>"):
         duck.sql(f"SELECT ai_query('{EMBED}', t, returnType := 'STRING') FROM calls").fetchall()
     with pytest.raises(duckdb.Error, match="takes no modelParameters"):
         duck.sql(f"SELECT ai_query('{EMBED}', t, modelParameters := {{'max_tokens': 4}}) "
                  "FROM calls").fetchall()
-    assert sim.stats()["embeddings"]["requests"] == 0
+    assert embed_sim.stats()["embeddings"]["requests"] == 0
     # The chat ai_query is as it was.
     [(text,)] = duck.sql("SELECT ai_query('sim-model', 'hello')").fetchall()
     assert text == "[sim] hello"
@@ -115,7 +107,7 @@ def test_the_databricks_dialect_and_a_model_from_a_column(duck):
         execute(duck, "SELECT ai_query(m, t) FROM calls, (VALUES ('sim-model')) v(m)")
 
 
-def test_sqlite_gives_json_array_text(client, tables_in, sim):
+def test_sqlite_gives_json_array_text(client, tables_in, embed_sim):
     con = tables_in(sqlite3.connect(":memory:"), "CREATE TABLE calls (id INT, t TEXT)",
                     ("INSERT INTO calls VALUES (?, ?)", list(enumerate(TEXTS))))
     register_ai_functions(con, client)
@@ -123,7 +115,7 @@ def test_sqlite_gives_json_array_text(client, tables_in, sim):
     assert rows[2][1] is None and rows[4][1] is None
     vectors = [json.loads(r[1]) for r in rows if r[1] is not None]
     assert [len(v) for v in vectors] == [16, 16, 16] and vectors[0] == vectors[2]
-    np.testing.assert_allclose(vectors[1], reference(sim, [TEXTS[1]])[0], rtol=1e-6)
-    sim.configure(max_context_tokens=5)
+    np.testing.assert_allclose(vectors[1], reference(embed_sim, [TEXTS[1]])[0], rtol=1e-6)
+    embed_sim.configure(max_context_tokens=5)
     with pytest.raises(AIQueryError, match="context_length_exceeded"):
         execute(con, f"SELECT ai_query('{EMBED}', 'word ' || t) FROM calls").fetchall()
