@@ -134,7 +134,7 @@ def test_the_retry_sensor_reruns_the_partition_whose_requests_failed(llm, resour
 
 def test_definition_mistakes_raise_saying_what_to_fix():
     assert "Embeddings with model `sim-embed`" in next(iter(note_embeddings.specs)).description
-    with pytest.raises(dg.DagsterInvalidDefinitionError, match="no argument"):
+    with pytest.raises(dg.DagsterInvalidDefinitionError, match="unknown argument"):
         build_embedding_asset(name="x", source=notes, input_column="text", prompt="{text}")
     with pytest.raises(dg.DagsterInvalidDefinitionError, match="exactly one of input="):
         build_embedding_asset(name="x", source=notes)
