@@ -36,7 +36,8 @@ LANGUAGES = {"bash", "python", "sql", "yaml", "text"}
 
 
 def _pages() -> list[str]:
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             ROOT / "bench" / "README.md"]
     return [page.relative_to(ROOT).as_posix() for page in pages if page.exists()]
 
 

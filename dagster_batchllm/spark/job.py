@@ -5,8 +5,8 @@ closure. It holds the :class:`~dagster_batchllm.core.settings.InferenceSettings`
 for one task slot (see :func:`split_for_slots`), the call as one
 :class:`~dagster_batchllm.core.tasks.chat.call.InferenceCall` (checked on the driver; it reads
 the columns of the frames the executor builds, see :data:`PROMPT_COLUMN`) and, when a token
-budget is set, a :class:`BudgetRef` to the shared budget row in the ledger database. Nothing here imports pyspark
-or dagster.
+budget is set, a :class:`BudgetRef` to the shared budget row in the ledger database. Nothing
+here imports pyspark or dagster.
 
 Example::
 
