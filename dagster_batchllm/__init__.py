@@ -40,6 +40,7 @@ _LAZY = {
     "ErrorType": "dagster_batchllm.core.errors",
     "build_embedding_asset": "dagster_batchllm.factories.embedding",
     "EmbedCall": "dagster_batchllm.core.tasks.embed.call",
+    "build_call_asset": "dagster_batchllm.factories.calls",
 }
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "build_model_alias_sensor",
     "EmbedCall",
     "build_embedding_asset",
+    "build_call_asset",
 ]
 
 if TYPE_CHECKING:
@@ -83,6 +85,7 @@ if TYPE_CHECKING:
     from .core.settings import EndpointSpec, InferenceSettings
     from .core.tasks.embed.call import EmbedCall
     from .core.tasks.predict.task import PredictionResult
+    from .factories.calls import build_call_asset
     from .factories.embedding import build_embedding_asset
     from .factories.inference import build_inference_asset
     from .factories.metadata import stats_metadata

@@ -3,6 +3,7 @@
 * :mod:`.shared`: the one body every asset factory uses (the shared keywords, the spec, the
   run per partition, the checks), and :class:`~.shared.AssetJob`, what a job says for itself;
 * :mod:`.inference`, :mod:`.embedding`, :mod:`.scoring`: the factories of the three jobs;
+  :mod:`.calls`: the factory of any other registered job's call;
 * :mod:`.partitions`, :mod:`.checks`, :mod:`.metadata`: a run's partitions, its checks, its
   figures; :mod:`.context`: what a Dagster context tells a call.
 

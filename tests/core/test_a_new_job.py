@@ -1,16 +1,13 @@
 """A fifth job is one call class and one task class: nothing else changes for it to run online,
 through a provider's batch API and as a dry run (the asset is tested in tests/dagster).
 
-The job here reverses each row's text: the task sends the text as a chat message to a model
-that reverses what it reads (a responder of the simulated endpoint), and reads the reply back.
+The job (tests/reverse_job.py) reverses each row's text: the task sends the text as a chat
+message to a model that reverses what it reads (a responder of the simulated endpoint).
 The same file shows embeddings going through the batch API, one input per line.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,69 +15,10 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm.core.client import InferenceClient
-from dagster_batchllm.core.delivery.transport import CHAT_ROUTE, parse_completion
-from dagster_batchllm.core.errors import InferenceConfigError, InvalidInputError, RowError
-from dagster_batchllm.core.run.prompts import RowRequest
+from dagster_batchllm.core.errors import InferenceConfigError
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
-from dagster_batchllm.core.tasks.base import CallBase, Task, register_task
 from dagster_batchllm.testing import SimulatedEndpoint
-
-MODEL = "reverser"
-
-
-class Reverser:
-    """The simulated model: it answers each message with its text reversed."""
-
-    def models(self) -> list[str]:
-        return [MODEL]
-
-    def respond(self, model: str, messages: list[dict], params: dict) -> str:
-        return messages[-1]["content"][::-1]
-
-
-@dataclass(frozen=True)
-class TextCall(CallBase):
-    """The fields of a job over one text column (the call classes below share them)."""
-
-    column: str = "text"
-    model: str | None = MODEL
-    output_column: str = "reversed"
-    error_column: str | None = None
-    scope: str = ""
-    partition_key: str = ""
-
-    def __post_init__(self) -> None:
-        self._check_common()
-
-    def columns_read(self) -> list[str]:
-        return [self.column]
-
-
-@dataclass(frozen=True)
-class ReverseCall(TextCall):
-    job = "reverse"
-    sent_fields = ("column", "model")
-
-
-@register_task(ReverseCall)
-class ReverseTask(Task):
-    route = CHAT_ROUTE
-    parse_reply = staticmethod(parse_completion)
-
-    def requests(self, rows: Iterator[tuple]) -> Iterator[RowRequest | RowError]:
-        model = self.call.model
-        for (text,) in rows:
-            if not isinstance(text, str) or not text:
-                yield InvalidInputError("the cell holds no text to reverse")
-                continue
-            body = json.dumps({"model": model, "max_tokens": 64,
-                               "messages": [{"role": "user", "content": text}]}).encode()
-            yield RowRequest(key=hashlib.sha256(b"reverse\0" + body).hexdigest(), model=model,
-                             body=body, reserve_tokens=len(body) + 64,
-                             typical_prompt_tokens=len(text) // 4 + 1, max_tokens=64)
-
-    def value(self, content: str) -> str:
-        return content
+from tests.reverse_job import MODEL, ReverseCall, Reverser, TextCall
 
 
 @pytest.fixture
