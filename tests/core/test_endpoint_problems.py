@@ -52,6 +52,27 @@ def test_an_endpoint_with_nothing_listening_fails_the_rows_fast_and_says_why(tmp
     assert unreachable.str.contains("check base_url").all()
 
 
+@pytest.mark.timeout(120)
+def test_with_default_settings_the_rows_fail_after_the_promised_15_s(tmp_path):
+    """The README's promise as a user gets it: default retry, breaker and bound settings, 500
+    rows at concurrency 16 against a port with nothing listening. Backoffs and the breaker's
+    cool-downs (which grow up to 80 s) are cut at the bound."""
+    url = f"http://127.0.0.1:{_free_port()}/v1"
+    settings = InferenceSettings(
+        endpoints=(EndpointSpec(name="nowhere", base_url=url, models=("m",),
+                                max_concurrency=16),),
+        store_url=f"sqlite:///{tmp_path / 'l.db'}")
+    bound = settings.endpoint_unreachable_after_s
+    assert bound == 15.0
+    df = pd.DataFrame({"t": [f"row {i}" for i in range(500)]})
+    started = time.monotonic()
+    with InferenceClient(settings) as client:
+        result = client.infer(df, prompt="{t}", model="m")
+    took = time.monotonic() - started
+    assert bound <= took < bound + 5, f"took {took:.1f} s"
+    assert (result.error_types == ErrorType.ENDPOINT_UNREACHABLE.value).all()
+
+
 def test_a_slow_endpoint_is_waited_for_not_called_unreachable(tmp_path):
     with SimulatedEndpoint(latency_s=0.5) as sim:
         settings = InferenceSettings(

@@ -89,6 +89,33 @@ def test_a_lone_endpoint_whose_breaker_trips_is_probed_after_the_cooldown_and_th
     assert not client.pool.endpoints[0].tripped
 
 
+def test_failures_in_flight_when_the_breaker_trips_leave_its_cool_down_as_it_is():
+    """Only the tripping failure and failed probes set the cool-down: 16 requests refused at
+    once once stretched a 10 s cool-down to 80 s, and a URL with nothing listening failed its
+    rows after 80 s instead of the promised 15 (issue 31)."""
+    import asyncio
+
+    from dagster_batchllm.core.delivery.pool import EndpointPool
+    from dagster_batchllm.core.settings import EndpointSpec
+
+    now = [100.0]
+    pool = EndpointPool((EndpointSpec(name="a", base_url="http://127.0.0.1:9/v1",
+                                      models=(MODEL,), max_concurrency=16),),
+                        failure_threshold=5, cooldown_s=10.0, clock=lambda: now[0])
+    [state] = pool.endpoints
+
+    async def fail(leases: int) -> None:
+        taken = [await pool.acquire(MODEL, 10) for _ in range(leases)]
+        for lease in taken:
+            pool.release(lease, success=False, unhealthy=True, actual_tokens=None)
+
+    asyncio.run(fail(16))
+    assert state.tripped and state.open_until == 110.0  # not 100 + 8 x 10
+    now[0] = 110.0
+    asyncio.run(fail(1))  # the probe after the cool-down fails: the cool-down doubles
+    assert state.open_until == 130.0
+
+
 @pytest.mark.parametrize(
     ("status", "error_type"),
     [(400, "bad_request"), (401, "authentication_error"), (403, "authentication_error"),

@@ -103,15 +103,22 @@ class OnlineDelivery(Delivery):
                 f"if no endpoint of the model can be reached for {self.unreachable_after_s:g} "
                 "s, the rows still to send fail with endpoint_unreachable")
 
+    def _unreachable_deadline(self, model: str) -> float:
+        """When the rows of ``model`` fail as unreachable (monotonic seconds): the bound after
+        the last of its endpoints began refusing; infinity while one of them has not."""
+        since, serving = self._unreachable_since, self.settings.endpoints
+        starts = [since.get(e.name) for e in serving if model in e.served_models]
+        if not starts or any(start is None for start in starts):
+            return float("inf")
+        return max(starts) + self.unreachable_after_s
+
     def _check_reachable(self, model: str) -> None:
         """Raise ``EndpointUnreachableError`` once every endpoint of ``model`` has failed to
         connect for longer than the bound."""
-        since = self._unreachable_since
-        if not since:
+        if not self._unreachable_since:
             return
-        serving = [e for e in self.settings.endpoints if model in e.served_models]
-        now = time.monotonic()
-        if all(now - since.get(e.name, now) >= self.unreachable_after_s for e in serving):
+        if time.monotonic() >= self._unreachable_deadline(model):
+            serving = [e for e in self.settings.endpoints if model in e.served_models]
             where = ", ".join(f"'{e.name}' at {e.base_url}" for e in serving)
             raise EndpointUnreachableError(
                 f"no endpoint serving '{model}' could be connected to for "
@@ -167,6 +174,11 @@ class OnlineDelivery(Delivery):
                 if self._unreachable_since:
                     self._unreachable_since.pop(lease.endpoint.spec.name, None)
                 return completion
+            if self._unreachable_since:
+                # A backoff or a breaker's cool-down (up to minutes) must not outlast the
+                # bound: the request wakes at it and fails as unreachable, as promised.
+                delay = max(0.0, min(delay, self._unreachable_deadline(request.model)
+                                     - time.monotonic()))
             await asyncio.sleep(delay)  # outside the handler: the error is not kept meanwhile
 
 

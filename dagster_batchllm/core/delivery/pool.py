@@ -95,10 +95,14 @@ class EndpointState:
         self.consecutive_failures = 0
         self.trips = 0
 
-    def record_failure(self) -> None:
+    def record_failure(self, *, probe: bool = False) -> None:
+        """A failure that says the endpoint is unhealthy. The failure that trips the breaker
+        opens it for the cool-down, and each failed probe doubles it (up to 8x); the failures
+        of requests that were in flight when it tripped say nothing new and leave it as it is
+        (at concurrency 16 they would otherwise stretch one cool-down to its 8x cap at once)."""
         self.failed += 1
         self.consecutive_failures += 1
-        if self.tripped:
+        if self.tripped and (probe or self.trips == 0):
             self.trips += 1
             factor = min(2 ** (self.trips - 1), _MAX_COOLDOWN_FACTOR)
             self.open_until = self._clock() + self._cooldown_s * factor
@@ -259,7 +263,7 @@ class EndpointPool:
         if success:
             state.record_success()
         elif unhealthy:
-            state.record_failure()
+            state.record_failure(probe=lease.probe)
         elif lease.probe:
             state.record_success()  # it answered: alive, even if the answer was an error
         # Rate-limit entries count on for a window after the reply (see SlidingWindowLimiter);
