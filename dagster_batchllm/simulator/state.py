@@ -271,7 +271,8 @@ class SimState:
 
     @property
     def answered(self) -> set[str]:
-        """Request keys of the chat and completions ok answers (bench/chaos reads them)."""
+        """Request keys of the chat and completions ok answers (read by
+        dagster_batchllm.testing.chaos)."""
         return self.chat.answered
 
     def admit(self, now: float, cost: int) -> float | None:

@@ -3,18 +3,11 @@ simulated endpoint: one partition, and a three-day backfill both ways."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import dagster as dg
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:  # the example code location lives at the repository root
-    sys.path.insert(0, str(REPO_ROOT))
-
-from assets.pipeline import CLASSIFICATION_SCHEMA, pipeline_assets  # noqa: E402
-from resources.warehouse import WarehouseIOManager, WarehouseResource  # noqa: E402
+from assets.pipeline import CLASSIFICATION_SCHEMA, pipeline_assets
+from resources.warehouse import WarehouseIOManager, WarehouseResource
 
 DAY = "2026-11-05"
 DAYS = ["2026-11-02", "2026-11-03", "2026-11-04"]

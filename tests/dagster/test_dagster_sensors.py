@@ -4,8 +4,6 @@ caps) and the new-data sensor, evaluated with ``build_sensor_context``."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import dagster as dg
 import pandas as pd
@@ -13,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 from dagster._core.test_utils import create_run_for_test
 
+from assets.pipeline import cleaned_transcripts
 from dagster_batchllm import (
     BatchInferenceResource,
     Ledger,
@@ -21,13 +20,7 @@ from dagster_batchllm import (
     build_retry_partitions_sensor,
 )
 from dagster_batchllm.sensors import retry_partitions as sensors_module
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:  # the example code location lives at the repository root
-    sys.path.insert(0, str(REPO_ROOT))
-
-from assets.pipeline import cleaned_transcripts  # noqa: E402
-from resources.warehouse import WarehouseResource  # noqa: E402
+from resources.warehouse import WarehouseResource
 
 PARTS = dg.StaticPartitionsDefinition(["a", "b", "c"])
 ROWS = 10

@@ -3,9 +3,6 @@ tokens, dimensions), checks, the retry sensor, and the example location's two as
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import dagster as dg
 import numpy as np
 import pandas as pd
@@ -16,10 +13,6 @@ from dagster_batchllm import (
     build_retry_partitions_sensor,
 )
 from dagster_batchllm.testing import SimulatedEndpoint
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:  # the example code location lives at the repository root
-    sys.path.insert(0, str(REPO_ROOT))
 
 PARTS = dg.StaticPartitionsDefinition(["a", "b"])
 EMBED = "sim-embed"

@@ -7,23 +7,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 import dagster as dg
 import pandas as pd
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:  # the example code location lives at the repository root
-    sys.path.insert(0, str(REPO_ROOT))
-
-from assets.data.generate_invoices import example_invoices  # noqa: E402
-from assets.documents import INVOICE_SCHEMA, document_assets  # noqa: E402
-from dagster_batchllm import BatchInferenceResource, ManagedEndpoint  # noqa: E402
-from dagster_batchllm.documents import parse_document  # noqa: E402
-from dagster_batchllm.testing import SimulatedEndpoint  # noqa: E402
-from resources.warehouse import WarehouseIOManager, WarehouseResource  # noqa: E402
+from assets.data.generate_invoices import example_invoices
+from assets.documents import INVOICE_SCHEMA, document_assets
+from dagster_batchllm import BatchInferenceResource, ManagedEndpoint
+from dagster_batchllm.documents import parse_document
+from dagster_batchllm.testing import SimulatedEndpoint
+from resources.warehouse import WarehouseIOManager, WarehouseResource
 
 pytestmark = pytest.mark.timeout(180)
 FIELDS = list(INVOICE_SCHEMA["properties"])

@@ -4,21 +4,13 @@ served from the ledger keeps what the partition's answers cost."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import dagster as dg
 import pytest
 
+from assets.pipeline import build_transcript_summaries, pipeline_assets
 from dagster_batchllm import Ledger, ModelPrice
 from dagster_batchllm.factories.checks import CHECK_NAMES
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:  # the example code location lives at the repository root
-    sys.path.insert(0, str(REPO_ROOT))
-
-from assets.pipeline import build_transcript_summaries, pipeline_assets  # noqa: E402
-from resources.warehouse import WarehouseIOManager, WarehouseResource  # noqa: E402
+from resources.warehouse import WarehouseIOManager, WarehouseResource
 
 DAYS = ["2026-11-02", "2026-11-03", "2026-11-04"]  # 3, 0 and 3 blank transcripts
 SUMMARIES = "transcript_summaries"

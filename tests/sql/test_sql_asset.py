@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import dagster as dg
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the example location (assets/, resources/) lives at the root
-    sys.path.insert(0, str(ROOT))
-
-from assets.sql_pipeline import (  # noqa: E402
+from assets.sql_pipeline import (
     CLASSIFIED_TABLE,
     SOURCE_TABLE,
     SUMMARIES_TABLE,
     sql_assets,
 )
-from dagster_batchllm import BatchInferenceResource, Endpoint  # noqa: E402
-from resources.warehouse import WarehouseResource  # noqa: E402
+from dagster_batchllm import BatchInferenceResource, Endpoint
+from resources.warehouse import WarehouseResource
 
 DAY = "2026-11-03"
 

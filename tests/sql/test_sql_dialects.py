@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-import sys
 import threading
 from pathlib import Path
 
@@ -18,8 +17,6 @@ from dagster_batchllm.sql import TranslationError, execute, register_ai_function
 from dagster_batchllm.testing import EchoResponder, SimulatedEndpoint
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the example location (assets/) lives at the root
-    sys.path.insert(0, str(ROOT))
 
 from assets.sql_pipeline import DUCKDB_PIPELINE_SQL, PIPELINE_SQL  # noqa: E402
 
