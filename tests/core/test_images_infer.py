@@ -240,6 +240,21 @@ def test_the_call_checks_its_image_fields():
                                                 model_when_unnamed=MODEL))
 
 
+def test_images_take_a_column_as_the_prompt_writes_it(sim, make_client):
+    """images="{page}" is images="page": the same column, request keys and answers."""
+    df = pd.DataFrame({"name": ["a", "b"], "page": [png_bytes(), gif_bytes()]})
+    braced = InferenceCall(prompt="Read {name}", model=MODEL, images=["{page}"])
+    plain = InferenceCall(prompt="Read {name}", model=MODEL, images="page")
+    assert braced.images == ["page"] and braced.code_version == plain.code_version
+    assert [r.key for r in requests(braced, df)] == [r.key for r in requests(plain, df)]
+    client = make_client(sim)
+    first = infer(client, df, images="{page}")
+    assert first.df["out_error"].isna().all() and first.stats.requests == 2
+    assert infer(client, df, images="page").stats.cached == 2
+    with pytest.raises(InferenceConfigError, match="not a template"):
+        InferenceCall(prompt="x", images="{page} and {other}")
+
+
 def test_code_version_covers_images_and_text_calls_keep_theirs():
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
     text = InferenceCall(prompt="Summarize: {text}", model="m", max_tokens=64,

@@ -70,9 +70,10 @@ class InferenceCall(CallBase):
         "Render numbers, booleans, timestamps and UTF-8 bytes in prompt cells as text; "
         "by default such a cell is a per-row error (it is usually the wrong column).", False)
     images: str | list[str] | None = described(
-        "A column (or list of columns) of images sent with each row's prompt: bytes, "
-        "local file paths or http(s) URLs (a cell may hold a list of them, e.g. a document's "
-        "pages). Bytes and files are sent as data: URIs (PNG, JPEG, WebP or GIF).", None)
+        "A column (or list of columns; 'page' or '{page}') of images sent with each row's "
+        "prompt: bytes, local file paths or http(s) URLs (a cell may hold a list of them, "
+        "e.g. a document's pages). Bytes and files are sent as data: URIs (PNG, JPEG, WebP or "
+        "GIF).", None)
     image_detail: str = described(
         "OpenAI's image detail: 'auto' (not sent; budgeted as 'high'), 'low' (85 "
         "tokens an image) or 'high' (85 + 170 per 512-pixel tile).", "auto")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import math
 import os
+import re
 import stat
 import struct
 from collections.abc import Sequence
@@ -242,10 +243,24 @@ def image_tokens(width: int, height: int, detail: str) -> int:
 
 
 def image_columns(images: str | Sequence[str] | None) -> tuple[str, ...]:
-    """The call's ``images`` field as a tuple of column names (empty for none)."""
+    """The call's ``images`` field as a tuple of column names (empty for none). A name may be
+    written as the prompt writes a column, ``"{page}"``: it is the same column."""
     if images is None:
         return ()
     names = (images,) if isinstance(images, str) else tuple(images)
     if not all(isinstance(name, str) and name for name in names):
         raise InvalidInputError("images must be a column name or a list of column names")
-    return tuple(dict.fromkeys(names))
+    columns = []
+    for name in names:
+        braced = _BRACED_COLUMN.fullmatch(name)
+        if braced:
+            name = braced.group(1)
+        elif "{" in name or "}" in name:
+            raise InvalidInputError(
+                f"images={name!r}: images= names columns (images='page' or images='{{page}}'), "
+                "each cell an image or a list of images; it is not a template")
+        columns.append(name)
+    return tuple(dict.fromkeys(columns))
+
+
+_BRACED_COLUMN = re.compile(r"\{\s*([^{}]+?)\s*\}")
