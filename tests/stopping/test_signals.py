@@ -9,6 +9,7 @@ either (its journal is folded into the ledger by the next run).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,6 +98,9 @@ def test_a_signal_during_infer_stops_it_within_5_s_and_loses_no_answer(sig, tmp_
         else:  # the process still ends by SIGTERM, once the run has written its answers
             assert code == -signal.SIGTERM, out
         assert "stopping" in out, out  # the run said what it does
+        # ... counting what was in flight: requests sent, not workers (twice the concurrency)
+        said = re.search(r"(\d+) requests in flight are cancelled", out)
+        assert said and 1 <= int(said.group(1)) <= 4, out
         duplicates = rerun_duplicates(sim, argv)
         assert duplicates <= in_flight, f"{duplicates} answers paid twice, {in_flight} in flight"
 

@@ -50,6 +50,9 @@ class Delivery:
     #: Keys whose paid answers the delivery holds already (a batch just collected): the run
     #: hands those to it without asking the ledger first.
     held_answers: Container[str] = frozenset()
+    #: Requests sent and waiting for their reply now (None: the delivery cannot say, e.g. a
+    #: batch file's lines): what a stop cancels, and what a rerun may pay for again.
+    requests_in_flight: int | None = None
 
     def capacity(self) -> int:
         """Requests it can usefully have outstanding at once (sizes the run's workers)."""
@@ -102,6 +105,10 @@ class DelegatingDelivery(Delivery):
     @property
     def held_answers(self) -> Container[str]:  # type: ignore[override]
         return self.inner.held_answers
+
+    @property
+    def requests_in_flight(self) -> int | None:  # type: ignore[override]
+        return self.inner.requests_in_flight
 
     def capacity(self) -> int:
         return self.inner.capacity()

@@ -57,6 +57,7 @@ class OnlineDelivery(Delivery):
         self._context_limits = _context_limits_by_model(settings)
         # The pool routes chat and embedding models alike; the task says which are this route's.
         self._route_models = route_models
+        self.requests_in_flight = 0
 
     def capacity(self) -> int:
         return self.pool.capacity()
@@ -146,6 +147,7 @@ class OnlineDelivery(Delivery):
                         raise
                 attempts.endpoint = lease.endpoint.spec.name
                 attempts.sent += 1
+                self.requests_in_flight += 1
                 try:
                     completion = await self.transport.send(lease.endpoint.spec, request)
                 except EndpointError as exc:
@@ -162,6 +164,8 @@ class OnlineDelivery(Delivery):
                 except BaseException:
                     pool.release(lease, success=False, unhealthy=True, actual_tokens=None)
                     raise
+                finally:
+                    self.requests_in_flight -= 1
             except RowError as exc:
                 if not retry.should_retry(exc, attempts.count):
                     raise

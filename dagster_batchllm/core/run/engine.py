@@ -157,10 +157,13 @@ class InferenceRun(RowOutcomes):
                 await asyncio.gather(*workers)
             except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
                 stopping = exc
+                in_flight = self.delivery.requests_in_flight
+                cancelled = (f"{in_flight} requests in flight are cancelled (a rerun sends "
+                             "them)" if in_flight is not None else
+                             "the requests not yet answered are left to a rerun")
                 self.log.warning(
                     f"batchllm: stopping ({type(exc).__name__}): nothing more is sent, "
-                    f"{sum(1 for w in workers if not w.done())} workers' requests in flight "
-                    "are cancelled (a rerun sends them), the answers are being written")
+                    f"{cancelled}, the answers are being written")
                 raise
             finally:
                 await self._stop_tasks(workers, background)
