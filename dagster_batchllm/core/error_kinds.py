@@ -31,6 +31,8 @@ class ErrorKind(Enum):
                            "then a retry sends them again")
     DEFERRED = (True, "not sent because the token budget ran out; a later run sends them")
     INPUT = (False, "a retry cannot fix these; fix the input")
+    UNSUPPORTED = (False, "the model cannot do this task, a retry cannot fix these; send "
+                          "them to a model endpoint that can")
 
     @property
     def retryable(self) -> bool:
@@ -46,6 +48,7 @@ KIND_BY_TYPE: dict[str, ErrorKind] = {
     ErrorType.INVALID_INPUT.value: ErrorKind.INPUT,
     ErrorType.CONTEXT_LENGTH_EXCEEDED.value: ErrorKind.INPUT,
     ErrorType.REQUEST_TOO_LARGE.value: ErrorKind.INPUT,
+    ErrorType.UNSUPPORTED_TASK.value: ErrorKind.UNSUPPORTED,
     ErrorType.UNSUPPORTED_MODEL.value: ErrorKind.CONFIGURATION,
     ErrorType.BAD_REQUEST.value: ErrorKind.CONFIGURATION,
     ErrorType.AUTHENTICATION.value: ErrorKind.CONFIGURATION,

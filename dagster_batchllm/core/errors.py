@@ -36,6 +36,9 @@ class ErrorType(str, Enum):
     NO_HEALTHY_ENDPOINT = "no_healthy_endpoint"
     ENDPOINT_UNREACHABLE = "endpoint_unreachable"
     REQUEST_TOO_LARGE = "request_too_large"
+    #: The model cannot do what the request asks (the embedded default asked to translate or
+    #: to read an image answers 422 with this code): the same request is refused every time.
+    UNSUPPORTED_TASK = "unsupported_task"
     DEFERRED = "deferred"
     INTERNAL = "internal_error"
 
@@ -171,7 +174,7 @@ def classify_http_error(
 ) -> EndpointError:
     """Turn a non-200 reply into a typed error, following openai-python's retry rules;
     ``url``, the URL the request went to, makes a 404's message say where it looked."""
-    snippet = _error_message_from_body(body)
+    snippet, code = _error_message_from_body(body)
     if status == 404:
         where = f" for {url}" if url else ""
         snippet += (f" (no such route{where}: the endpoint's base_url usually ends in /v1, "
@@ -187,6 +190,8 @@ def classify_http_error(
         error_type = ErrorType.AUTHENTICATION
     elif status == 404:
         error_type = ErrorType.NOT_FOUND
+    elif code == ErrorType.UNSUPPORTED_TASK.value:
+        error_type = ErrorType.UNSUPPORTED_TASK
     elif "context_length" in lowered or "context length" in lowered or "maximum context" in lowered:
         error_type = ErrorType.CONTEXT_LENGTH_EXCEEDED
     else:
@@ -201,20 +206,26 @@ def classify_http_error(
     )
 
 
-def _error_message_from_body(body: str, limit: int = 300) -> str:
+def _error_message_from_body(body: str) -> tuple[str, str | None]:
+    """The error's message (an OpenAI error body's, else the body's text) and its code. A
+    server's message is kept whole up to 1,000 characters, a body that is no error object (a
+    proxy's HTML page) up to 300; what is longer is cut at a word, marked with "..."."""
     import json
 
+    code, limit = None, 300
+    message = body.strip() or "(empty body)"
     try:
         parsed = json.loads(body)
         error = parsed.get("error") if isinstance(parsed, dict) else None
         if isinstance(error, dict):
-            code = error.get("code")
-            message = str(error.get("message", ""))
-            if code and str(code) not in message:
+            code = str(error["code"]) if error.get("code") else None
+            message, limit = str(error.get("message", "")), 1000
+            if code and code not in message:
                 message = f"{message} (code {code})"
-            return message[:limit]
-        if isinstance(error, str):
-            return error[:limit]
+        elif isinstance(error, str):
+            message, limit = error, 1000
     except (ValueError, AttributeError):
         pass
-    return body.strip()[:limit] or "(empty body)"
+    if len(message) > limit:
+        message = message[:limit].rsplit(" ", 1)[0] + " ..."
+    return message, code

@@ -141,7 +141,8 @@ def test_every_error_type_says_whether_a_retry_can_fix_it():
     # A new error type must be classified on purpose (the sensor, checks and metadata read it).
     assert {t.value for t in ErrorType} == set(KIND_BY_TYPE)
     not_retryable = {t for t, kind in KIND_BY_TYPE.items() if not kind.retryable}
-    assert not_retryable == {"invalid_input", "context_length_exceeded", "request_too_large"}
+    assert not_retryable == {"invalid_input", "context_length_exceeded", "request_too_large",
+                             "unsupported_task"}
     assert describe_errors({"timeout": 1, "invalid_input": 3, "rate_limited": 2}) == (
         f"invalid_input 3 - {ErrorKind.INPUT.advice}. "
         f"rate_limited 2, timeout 1 - {ErrorKind.TRANSIENT.advice}")

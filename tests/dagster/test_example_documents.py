@@ -58,7 +58,7 @@ def test_on_the_embedded_default_every_field_is_what_the_invoice_prints(run_pipe
     for document_id, invoice in truth.items():
         row = table.loc[document_id]
         if invoice.scanned:
-            assert row["fields_error"].startswith("bad_request: ")
+            assert row["fields_error"].startswith("unsupported_task: ")
             assert "vision model endpoint is needed" in row["fields_error"]
             assert row[FIELDS].isna().all()  # nothing made up for it
             continue

@@ -38,6 +38,9 @@ def test_an_image_row_is_refused_and_the_same_text_alone_answered(make_client, e
     error = refused.df["summary_error"].iloc[0]
     assert refused.df["summary"].iloc[0] is None
     assert "cannot read images" in error and "vision model endpoint is needed" in error
+    # The refusal whole, and classed as what no retry fixes (the retry sensor skips it)
+    assert error.startswith("unsupported_task: ") and "endpoint (Endpoint(base_url=...))" in error
+    assert refused.error_types.tolist() == ["unsupported_task"]
     assert answered.df["summary_error"].isna().all()
     assert "refund" in answered.df["summary"].iloc[0].lower()
     assert embedded.stats(log=False)["by_status"] == {"422": 1, "200": 1}  # 422 sent once
