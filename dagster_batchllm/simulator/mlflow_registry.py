@@ -143,15 +143,16 @@ def fit_intent_model(texts: list[str], labels: list[str]) -> Any:
 class ModelServer:
     """``mlflow models serve`` of one model on 127.0.0.1 (MLflow's scoring protocol at
     ``base_url + /invocations``), as a context manager. ``--env-manager local``: it runs this
-    interpreter's environment, whose ``bin`` goes first on PATH (MLflow starts ``uvicorn``)."""
+    interpreter's environment, whose ``bin`` goes first on PATH (MLflow starts ``uvicorn``).
+    ``port``: a given one (a redeploy under the same URL); else a free one."""
 
     def __init__(self, model_uri: str, *, tracking_uri: str | None = None,
-                 workers: int = 1, startup_timeout_s: float = 90.0):
+                 workers: int = 1, startup_timeout_s: float = 90.0, port: int | None = None):
         self.model_uri = model_uri
         self.tracking_uri = tracking_uri
         self.workers = workers
         self.startup_timeout_s = startup_timeout_s
-        self.port = _free_port()
+        self.port = port or _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._proc: Any = None
 

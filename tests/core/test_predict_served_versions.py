@@ -13,6 +13,7 @@ from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.errors import InferenceConfigError
 from dagster_batchllm.core.ledger.table import Ledger
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
+from dagster_batchllm.core.tasks.predict import resolve
 
 pytest.importorskip("mlflow")
 
@@ -80,6 +81,53 @@ def test_a_redeploy_of_a_new_version_scores_afresh_and_the_same_version_is_reuse
         assert stale.stats.requests == 0 and stale.df["risk"].tolist() == v1
     records = Ledger(declared.store_url).records()
     assert len(records) == 900  # versions 1 and 2 declared, and the undeclared name
+
+
+def test_a_long_lived_client_follows_a_redeploy_under_the_same_url(registry, tmp_path):
+    """A resource's client outlives deploys: each call reads the registry again, so the server
+    restarted on the same port with the moved alias is scored afresh, half a frame at a time:
+    only the rows not yet answered under the running version are sent."""
+    frame = feature_frame(200, seed=63)
+    v1, v2 = (fit_risk_model(v).predict(frame).tolist() for v in (1, 2))
+    first_half = frame.iloc[:100]
+    with ModelServer("models:/risk@champion", tracking_uri=registry.uri) as server:
+        port = server.port
+        settings = _settings(registry, tmp_path, server.base_url,
+                             served_model_uri="models:/risk@champion")
+        client = InferenceClient(settings)
+        try:
+            assert _predict(client, first_half).df["risk"].tolist() == v1[:100]
+            both = _predict(client, frame)  # only the second half is sent
+            assert both.stats.cached == 100 and both.df["risk"].tolist() == v1
+        finally:
+            client.close()
+    registry.set_alias("risk", "champion", "2")
+    with ModelServer("models:/risk@champion", tracking_uri=registry.uri, port=port), \
+            InferenceClient(settings) as client:
+        moved = _predict(client, first_half)
+        assert moved.stats.cached == 0 and moved.df["risk"].tolist() == v2[:100]
+        assert moved.models["risk-served"]["version"] == "2"
+        rest = _predict(client, frame)
+        assert rest.stats.cached == 100 and rest.df["risk"].tolist() == v2
+
+
+def test_an_undeclared_served_model_is_warned_about_once(registry, tmp_path, caplog,
+                                                         monkeypatch):
+    monkeypatch.setattr(resolve, "_warned_unversioned", set())
+    frame = feature_frame(20, seed=64)
+    with ModelServer("models:/risk/1", tracking_uri=registry.uri) as server, \
+            caplog.at_level("WARNING", logger="dagster_batchllm"):
+        for declared in ({}, {}, {"served_model_version": "1"}):
+            settings = _settings(registry, tmp_path, server.base_url, **declared)
+            assert _score(settings, frame).df["risk_error"].isna().all()
+    warnings = [r.getMessage() for r in caplog.records if "keyed by its name only" in
+                r.getMessage()]
+    assert len(warnings) == 1 and "'risk-served'" in warnings[0]
+
+
+def _predict(client, frame):
+    return client.predict(frame, model="risk-served", input_columns=FEATURES,
+                          output_column="risk", rows_per_request=50)
 
 
 def test_a_declared_version_keys_the_answers_without_a_registry(registry, tmp_path):

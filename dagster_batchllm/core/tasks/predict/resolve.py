@@ -9,14 +9,26 @@ model column cell naming an unknown model) is that row's error.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, Any
 
 from ...errors import InferenceConfigError
-from .models import IN_PROCESS, ResolvedModel, input_problem, load_model, resolve_models
+from .models import (
+    IN_PROCESS,
+    SERVED,
+    ResolvedModel,
+    input_problem,
+    load_model,
+    resolve_models,
+)
 from .models import short_error as _short
 
 if TYPE_CHECKING:
     from .task import PredictCall
+
+log = logging.getLogger("dagster_batchllm")
+#: Served models this process has warned about (once each: a partitioned asset calls per day).
+_warned_unversioned: set[str] = set()
 
 
 async def resolve_for_call(settings: Any, call: PredictCall, frame: Any
@@ -30,7 +42,23 @@ async def resolve_for_call(settings: Any, call: PredictCall, frame: Any
                                                    list(call.input_columns))
     if call.model is not None and models[call.model].error:
         raise InferenceConfigError(models[call.model].error)
+    _warn_unversioned(models)
     return models
+
+
+def _warn_unversioned(models: dict[str, ResolvedModel]) -> None:
+    """A served model keyed by its name alone answers a redeploy of another version from the
+    ledger. The server cannot tell us its version (``mlflow models serve``'s ``/version`` is
+    MLflow's own release), so only the endpoint's declaration can; say so once."""
+    for name, model in models.items():
+        if model.kind == SERVED and model.identity == f"served:{name}" \
+                and name not in _warned_unversioned:
+            _warned_unversioned.add(name)
+            log.warning(
+                f"batchllm: served model '{name}' is keyed by its name only: its endpoint "
+                "declares neither served_model_uri nor served_model_version, and a scoring "
+                "server does not say which model version it serves, so a redeploy of another "
+                "version would be answered from the ledger. Declare what the endpoint serves.")
 
 
 def _loaded_and_checked(model: ResolvedModel, columns: list[str]) -> ResolvedModel:
