@@ -71,7 +71,7 @@ def test_bad_cells_become_row_errors_and_no_row_is_dropped(sim, make_client):
     # A number or bytes where a prompt expected text is usually the wrong column: an error that
     # says how to convert, unless the call asks for cells_as_text (below). Braces in data are
     # data, never template syntax.
-    for case, kind in (("bad_bytes", "bytes"), ("int", "a int"), ("float", "a float"),
+    for case, kind in (("bad_bytes", "bytes"), ("int", "an int"), ("float", "a float"),
                        ("bool", "a bool"), ("utf8_bytes", "bytes")):
         assert errors[case] == (
             f"invalid_input: column 'text' holds {kind}, not text; convert the column "

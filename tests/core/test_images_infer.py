@@ -180,7 +180,7 @@ def test_bad_images_fail_alone_with_their_reason_before_sending(sim, make_client
         "truncated_png": "corrupt or truncated", "truncated_jpeg": "corrupt or truncated",
         "bmp": "unsupported image format", "text_file": "unsupported image format",
         "missing": "does not exist", "directory": "is a directory", "empty": "empty",
-        "null": "is null", "pd_na": "is null", "number": "holds a int",
+        "null": "is null", "pd_na": "is null", "number": "holds an int",
         "too_big": "over the limit of 4000 bytes",
         "bad_base64": "not valid base64",
     }

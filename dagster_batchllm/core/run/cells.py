@@ -22,10 +22,10 @@ def cell_text(value: Any, column: str, as_text: bool = False) -> str:
     elif _is_missing(value) or _is_na(value):
         raise InvalidInputError(f"column '{column}' is null")
     elif not _has_text_form(value):
-        raise InvalidInputError(f"column '{column}' holds a {type(value).__name__}, not text")
+        raise InvalidInputError(f"column '{column}' holds {kind_of_value(value)}, not text")
     elif not as_text:
         raise InvalidInputError(
-            f"column '{column}' holds {_kind_of(value)}, not text; convert the column "
+            f"column '{column}' holds {kind_of_value(value)}, not text; convert the column "
             f"(df['{column}'].astype(str)) or pass cells_as_text=True")
     elif isinstance(value, bytes | bytearray):
         try:
@@ -45,10 +45,12 @@ def _has_text_form(value: Any) -> bool:
             or type(value).__module__ == "numpy" or hasattr(value, "isoformat"))
 
 
-def _kind_of(value: Any) -> str:
+def kind_of_value(value: Any) -> str:
+    """What a cell holds, in words for a message: "bytes", "an int", "a float", ..."""
     if isinstance(value, bytes | bytearray):
         return "bytes"
-    return f"a {type(value).__name__}"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def _is_na(value: Any) -> bool:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import InvalidInputError
+from ...run.cells import kind_of_value
 
 DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024  # OpenAI's limit per image
 IMAGE_DETAILS = ("auto", "low", "high")
@@ -77,7 +78,7 @@ def _one(value: Any, where: str, detail: str, max_bytes: int) -> ImagePart:
         value = os.fspath(value)
     if not isinstance(value, str):
         raise InvalidInputError(
-            f"column '{where}' holds a {type(value).__name__}; an image cell holds bytes, a "
+            f"column '{where}' holds {kind_of_value(value)}; an image cell holds bytes, a "
             "file path or an http(s) URL")
     if value.startswith(("http://", "https://")):
         tokens = LOW_DETAIL_TOKENS if detail == "low" else MAX_HIGH_DETAIL_TOKENS
