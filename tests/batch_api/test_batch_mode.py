@@ -52,6 +52,7 @@ def test_wait_false_defers_rows_naming_their_batch_then_a_rerun_collects(held, m
     assert first.df["summary_error"].str.contains(f"waiting for batch {batch_id}").all()
     # The rows' lines in the batch book are their record: no ledger record of each deferral.
     assert waiting_for_batches(client.ledger) == {"": {batch_id: 30}}
+    assert waiting_for_batches(client.settings.store_url) == {"": {batch_id: 30}}  # or its URL
     assert client.ledger.records().empty
 
     still = infer(client, df, wait=False)  # the batch is still running: it is waited for

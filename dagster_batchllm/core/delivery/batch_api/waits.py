@@ -14,14 +14,24 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from ...ledger.deferrals import waiting_in_ledger
-from ...ledger.table import Ledger
+from ...ledger.table import DEFAULT_LEDGER_TABLE, Ledger
 from .book import BatchBook
 
 
-def waiting_for_batches(ledger: Ledger, scope: str | None = None
-                        ) -> dict[str, dict[str, int]]:
+def waiting_for_batches(ledger: Ledger | str, scope: str | None = None, *,
+                        table_name: str = DEFAULT_LEDGER_TABLE) -> dict[str, dict[str, int]]:
     """Rows that wait for a batch, per partition: ``{partition: {batch: rows}}`` (the
-    batch's provider id, or its submission id before the provider gave one)."""
+    batch's provider id, or its submission id before the provider gave one). ``ledger``: a
+    :class:`Ledger` (``llm.ledger``) or the store URL of one (``table_name`` its table)."""
+    if isinstance(ledger, str):
+        opened = Ledger(ledger, table_name)
+        try:
+            return waiting_for_batches(opened, scope)
+        finally:
+            opened.dispose()
+    if not isinstance(ledger, Ledger):
+        raise TypeError(f"waiting_for_batches takes a Ledger (llm.ledger) or its store URL, "
+                        f"got {type(ledger).__name__}")
     found = waiting_in_ledger(ledger, scope)
     if not sa.inspect(ledger.engine).has_table(
             f"{ledger.table.name}_batches", schema=ledger.table.schema):
