@@ -31,9 +31,9 @@ def main() -> int:
     parser.add_argument("--partition", default="2026-11-05", help="the day to materialize")
     args = parser.parse_args()
     env = dict(os.environ)
-    if "DAGSTER_HOME" not in env:
-        env["DAGSTER_HOME"] = str(ROOT / "data" / "dagster_home")
-        _example_instance(Path(env["DAGSTER_HOME"]))
+    # The Dagster instance: the user's DAGSTER_HOME, else the one ./dagster.yaml configures
+    # (data/dagster_home; the CLI reads it as it runs in ROOT). `dagster dev -w workspace.yaml`
+    # started in ROOT opens the same one, so the UI shows the runs made here.
     # `dagster asset materialize` still works in Dagster 1.13 but warns that `dg launch` (which
     # needs a dg project layout) supersedes it: the user did not cause that warning.
     env["PYTHONWARNINGS"] = ",".join(filter(None, [
@@ -50,16 +50,6 @@ def main() -> int:
         return completed.returncode
     show_results(args.partition, similar_calls=_with_embeddings(env))
     return 0
-
-
-def _example_instance(home: Path) -> None:
-    """The example's own Dagster instance under data/: local storage (Dagster's default) and
-    no usage statistics sent from it; a DAGSTER_HOME of the user's own is used as it is."""
-    home.mkdir(parents=True, exist_ok=True)
-    config = home / "dagster.yaml"
-    if not config.exists():
-        config.write_text("# The example's instance (run_example.py): local storage under this "
-                          "folder.\ntelemetry:\n  enabled: false\n")
 
 
 def show_results(partition: str, similar_calls: bool = False) -> None:

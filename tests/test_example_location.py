@@ -1,11 +1,14 @@
 """The example code location loads: ``dagster definitions validate`` on the workspace, and the
-webserver starts on 127.0.0.1 and lists the pipeline's assets and sensors over GraphQL."""
+webserver starts on 127.0.0.1 and lists the pipeline's assets and sensors over GraphQL; after
+``run_example.py``, ``dagster dev`` shows its runs (one instance for both, ./dagster.yaml)."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -83,16 +86,7 @@ def test_webserver_serves_the_pipeline_over_graphql(location_env, tmp_path):
             cwd=REPO_ROOT, env=location_env, stdout=sink, stderr=subprocess.STDOUT,
         )
         try:
-            deadline = time.monotonic() + 90
-            while True:
-                assert server.poll() is None, log.read_text()[-3000:]
-                try:
-                    if _request(port, "GET", "/server_info")[0] == 200:
-                        break
-                except OSError:
-                    pass  # not listening yet
-                assert time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.25)
+            _wait_for_server(port, server, log, timeout_s=90)
 
             nodes = _graphql(port, "{ assetNodes { assetKey { path } groupName } }")
             groups = {"/".join(n["assetKey"]["path"]): n["groupName"]
@@ -117,3 +111,77 @@ def test_webserver_serves_the_pipeline_over_graphql(location_env, tmp_path):
             assert repository["schedules"]
         finally:
             stop_process(server, timeout=30)
+
+
+EXAMPLE_FILES = ("run_example.py", "definitions.py", "workspace.yaml", "dagster.yaml")
+EXAMPLE_FOLDERS = ("assets", "resources")
+DAY = "2026-11-05"  # the day run_example.py materializes
+
+
+@pytest.mark.timeout(240)
+def test_dagster_dev_shows_what_run_example_just_materialized(tmp_path):
+    """The README's two commands, as a user runs them on a fresh clone (no DAGSTER_HOME): the
+    UI that ``dagster dev -w workspace.yaml`` opens lists the runs and the materializations of
+    ``run_example.py`` (both read ./dagster.yaml, whose storage is data/dagster_home)."""
+    for name in EXAMPLE_FILES:
+        shutil.copy(REPO_ROOT / name, tmp_path / name)
+    for folder in EXAMPLE_FOLDERS:
+        shutil.copytree(REPO_ROOT / folder, tmp_path / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("BATCHLLM_") and k != "DAGSTER_HOME"}
+    example = subprocess.run([sys.executable, "run_example.py"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=150)
+    assert example.returncode == 0, (example.stdout[-2000:], example.stderr[-4000:])
+    assert (tmp_path / "data" / "dagster_home" / "history" / "runs.db").exists()
+
+    port = _free_port()
+    log = tmp_path / "dagster_dev.log"
+    with log.open("wb") as sink:
+        dev = subprocess.Popen(
+            [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
+             "-p", str(port)],
+            cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its webserver, daemon and code server stop with it
+        )
+        try:
+            _wait_for_server(port, dev, log)
+            runs = _graphql(port, "{ runsOrError { ... on Runs { results { status } } } }")
+            assert [r["status"] for r in runs["runsOrError"]["results"]] == ["SUCCESS"]
+            nodes = _graphql(port, """{ assetNodes(assetKeys: [
+                {path: ["cleaned_transcripts"]}, {path: ["transcript_summaries"]},
+                {path: ["classified_transcripts"]}]) {
+                assetKey { path } partitionStats { numMaterialized }
+                assetMaterializations(partitions: """ + json.dumps([DAY]) + ") { partition } } }")
+            by_asset = {"/".join(n["assetKey"]["path"]): n for n in nodes["assetNodes"]}
+            assert set(by_asset) == PIPELINE - {"call_center_transcripts"}
+            for node in by_asset.values():
+                assert node["partitionStats"]["numMaterialized"] == 1
+                assert [m["partition"] for m in node["assetMaterializations"]] == [DAY]
+        finally:
+            _stop_session(dev)
+
+
+def _wait_for_server(port: int, server: subprocess.Popen, log: Path,
+                     timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert server.poll() is None, log.read_text()[-3000:]
+        try:
+            if _request(port, "GET", "/server_info")[0] == 200:
+                return
+        except OSError:
+            pass  # not listening yet
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.25)
+
+
+def _stop_session(process: subprocess.Popen) -> None:
+    """Stop ``dagster dev`` and what it started (its own process group)."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
