@@ -151,3 +151,40 @@ def test_past_ledger_outage_s_the_run_fails_naming_the_database_and_a_rerun_pays
     assert answered < ROWS  # the run really stopped short
     # answers held in the journal are not paid again: at most what was in flight when it failed
     assert stats["duplicates"] <= settings.endpoints[0].max_concurrency
+
+
+# The README's and docs/behaviour.md's bounds as a user gets them: default settings. They wait
+# out the real bounds (2 minutes and 30 s), so they are marked slow; CI runs them.
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_with_default_settings_a_lost_database_fails_the_run_past_2_minutes(through_proxy):
+    proxy, store_url, table = through_proxy
+    with SimulatedEndpoint(latency_s=0.02, process=True) as sim:
+        settings = _settings(sim, store_url, table)
+        assert settings.ledger_outage_s == 120.0
+        df, run = _Run.a_quarter_answered(sim, settings, "default outage")
+        proxy.cut()
+        cut_at = time.monotonic()
+        outcome = run.join(200)
+        took = time.monotonic() - cut_at
+        assert isinstance(outcome.get("error"), LedgerUnwritable), outcome
+        # the bound, plus at most one statement's deadline of the write that was under way
+        assert 120 <= took < 120 + settings.ledger_statement_timeout_s + 10, f"{took:.0f} s"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_with_default_settings_a_frozen_connection_is_given_up_after_30_s(through_proxy):
+    proxy, store_url, table = through_proxy
+    with SimulatedEndpoint(latency_s=0.02, process=True) as sim:
+        settings = _settings(sim, store_url, table)
+        assert settings.ledger_statement_timeout_s == 30.0
+        df, run = _Run.a_quarter_answered(sim, settings, "default frozen")
+        proxy.freeze()
+        frozen_at = time.monotonic()
+        outcome = run.join(120)
+        took = time.monotonic() - frozen_at
+        _assert_every_row_once(outcome, df, sim)
+        # the writes waited out the deadline on the frozen connections, then went on new ones
+        assert 30 <= took < 30 + 30, f"{took:.0f} s"
