@@ -90,6 +90,7 @@ class Endpoint(dg.Config):
     batch_api: bool = _declared(EndpointSpec, "batch_api")
     max_requests_per_batch: int = _declared(EndpointSpec, "max_requests_per_batch")
     max_bytes_per_batch: int = _declared(EndpointSpec, "max_bytes_per_batch")
+    batch_protocol: Literal["openai", "anthropic"] = _declared(EndpointSpec, "batch_protocol")
     protocol: Literal["openai", "mlflow"] = _declared(EndpointSpec, "protocol")
     served_model_uri: str | None = _declared(EndpointSpec, "served_model_uri")
     served_model_version: str | None = _declared(EndpointSpec, "served_model_version")

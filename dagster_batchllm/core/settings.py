@@ -26,6 +26,7 @@ def described(description: str, default: Any = MISSING, **options: Any) -> Any:
 
 
 ENDPOINT_PROTOCOLS = ("openai", "mlflow")
+BATCH_PROTOCOLS = ("openai", "anthropic")
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,11 @@ class EndpointSpec:
         "Most request lines in one batch file (OpenAI: 50,000).", 50_000)
     max_bytes_per_batch: int = described(
         "Largest batch file in bytes (OpenAI: 200 MB).", 200_000_000)
+    batch_protocol: str = described(
+        "The batch API the endpoint speaks with batch_api=True: 'openai' (Files + Batches: "
+        "OpenAI, Azure OpenAI, Together, Groq, Mistral) or 'anthropic' (Message Batches; "
+        "base_url https://api.anthropic.com/v1, whose OpenAI-compatible chat route answers "
+        "online calls).", "openai")
     protocol: str = described(
         "What the server speaks: 'openai' (chat completions below base_url) or 'mlflow' "
         "(MLflow's scoring protocol, POST <base_url>/invocations, as `mlflow models serve` and "
@@ -119,6 +125,9 @@ class EndpointSpec:
         if self.max_requests_per_batch < 1 or self.max_bytes_per_batch < 1024:
             raise ValueError(f"Endpoint '{self.name}': max_requests_per_batch must be at least "
                              "1 and max_bytes_per_batch at least 1024.")
+        if self.batch_protocol not in BATCH_PROTOCOLS:
+            raise ValueError(f"Endpoint '{self.name}': batch_protocol must be one of "
+                             f"{list(BATCH_PROTOCOLS)}, got {self.batch_protocol!r}.")
         if self.protocol not in ENDPOINT_PROTOCOLS:
             raise ValueError(f"Endpoint '{self.name}': protocol must be one of "
                              f"{list(ENDPOINT_PROTOCOLS)}, got {self.protocol!r}.")
