@@ -251,6 +251,10 @@ class BatchDelivery(Delivery):
                                           error_type=ErrorType(line.error_type or "server_error"))
                     continue
                 attempt = line.attempt + 1
+            data = line_of(request.key, self.route, request.body)
+            if type(data) is not bytes:  # a request the provider's API cannot express
+                results[i] = data
+                continue
             if budget is not None:
                 if not budget.try_reserve(request.reserve_tokens):
                     results[i] = DeferredError(
@@ -259,7 +263,6 @@ class BatchDelivery(Delivery):
                         "will submit it")
                     continue
                 budget.settle(request.reserve_tokens, request.reserve_tokens)  # for good
-            data = line_of(request.key, self.route, request.body)
             spool = self._spool_for(len(data), model, endpoint)
             spool.lines += 1  # its place in the file, kept until the book says it is ours
             spool.bytes += len(data)

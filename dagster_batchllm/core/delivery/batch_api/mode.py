@@ -37,7 +37,7 @@ from ..limits import TokenBudget
 from .book import COLLECTED, SUBMIT_FAILED, BatchBook
 from .collect import BatchCollector, progress_line
 from .delivery import BatchDelivery
-from .protocol import protocol_for
+from .protocol import batch_config_problem, protocol_for
 from .submit import batch_name
 
 MODES = ("online", "batch_api")
@@ -78,6 +78,13 @@ class BatchModeCall:
             raise InferenceConfigError(
                 "mode='batch_api' needs an endpoint with batch_api=True (a provider with a "
                 "batch API: OpenAI, Azure OpenAI, Together, Groq, Mistral).")
+        # Said before a row is read (e.g. embeddings through Anthropic's batches): of the
+        # endpoint the call's model goes to, or of every batch endpoint (a model per row).
+        for endpoint in ([settings.batch_endpoint_for(call.model)] if call.model is not None
+                         else [e for e in settings.endpoints if e.batch_api]):
+            problem = batch_config_problem(endpoint, task.route)
+            if problem:
+                raise InferenceConfigError(f"mode='batch_api': {problem}.")
         self.client, self.settings, self.call, self.inputs = client, settings, call, inputs
         self.wait, self.run_id, self.log = wait, run_id, logger
         self.collect_keys = collect_keys

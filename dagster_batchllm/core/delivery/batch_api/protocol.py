@@ -1,11 +1,12 @@
 """A provider's batch protocol: how request lines are written, submitted, polled and read back.
 
-:class:`BatchProtocol` is all that the batch delivery and its collector know of a provider, so
-Anthropic's Message Batches (requests posted inline, results as JSONL, ``ended`` rather than
-``completed``) would be a second implementation beside :class:`OpenAIBatchProtocol` (OpenAI's
-Files and Batches API, which Azure OpenAI, Together, Groq and Mistral also speak). Every call is
-blocking and few (one upload and one create per batch, one retrieve per poll): the delivery
-runs them on a thread, with the official ``openai`` client.
+:class:`BatchProtocol` is all that the batch delivery and its collector know of a provider:
+:class:`OpenAIBatchProtocol` (OpenAI's Files and Batches API, which Azure OpenAI, Together,
+Groq and Mistral also speak) and :class:`~.anthropic.AnthropicBatchProtocol` (Anthropic's
+Message Batches: requests posted inline, results as JSONL); an endpoint's ``batch_protocol``
+picks one (:func:`protocol_for`). Every call is blocking and few (one upload and one create
+per batch, one retrieve per poll): the delivery runs them on a thread, with the provider's
+official client.
 
 Each line's ``custom_id`` is its request key, so the results tie back to table rows.
 """
@@ -13,17 +14,16 @@ Each line's ``custom_id`` is its request key, so the results tie back to table r
 from __future__ import annotations
 
 import json
-import sys
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from ...errors import RowError, classify_http_error
 from ...settings import EndpointSpec
 from ..transport import CHAT_ROUTE
+from .anthropic import AnthropicBatchProtocol, config_problem
 from .lines import AnswerBlock, chat_answer_block, line_blocks
+from .protocol_types import BatchStatus, LineResult, http_client
 
 #: Metadata key under which a batch carries its submission id, so a run that crashed between
 #: creating the batch and recording its id finds it again.
@@ -31,51 +31,12 @@ SUBMISSION_METADATA = "batchllm_submission"
 _CHUNK_BYTES = 1 << 20  # read from the result file at once
 
 
-_TLS: list[Any] = []  # the process's TLS context for the clients, once made
-_TLS_LOCK = threading.Lock()
-
-
-def _http_client(openai: Any) -> Any:
-    """The client's own HTTP client, on one TLS context per process. A new client makes a
-    context, which loads the system's CA certificates: about 50 ms of CPU, that every batch
-    call (a protocol per endpoint) and every batch sensor tick paid again. The context is
-    made as the client's HTTP library makes its default one; None (the client's default)
-    where that library offers no such call."""
-    with _TLS_LOCK:
-        if not _TLS:
-            library = sys.modules.get(openai.DefaultHttpxClient.__mro__[1].__module__
-                                      .partition(".")[0])
-            make = getattr(library, "create_ssl_context", None)
-            _TLS.append(make() if callable(make) else None)
-    return openai.DefaultHttpxClient(verify=_TLS[0]) if _TLS[0] is not None else None
-
-
-@dataclass(frozen=True, slots=True)
-class BatchStatus:
-    batch_id: str
-    status: str  # the provider's word; see :data:`~.batch_book.ENDED`
-    ended: bool
-    request_counts: dict[str, int]
-    output_file_id: str | None
-    error_file_id: str | None
-    errors: str | None  # why the batch as a whole failed, if it did
-
-
-@dataclass(slots=True)  # not frozen: one is made per result line (see RowRequest)
-class LineResult:
-    """One result line: the request key, and the 200 reply or the error it got."""
-
-    request_key: str
-    reply: Any  # the reply body, parsed from the line's JSON, when answered 200
-    error: RowError | None
-    expired: bool = False
-
-
 class BatchProtocol(Protocol):
     provider: str
 
-    def line(self, key: str, route: str, body: bytes) -> bytes:
-        """One request line (ending in a newline) for a request body already serialized."""
+    def line(self, key: str, route: str, body: bytes) -> bytes | RowError:
+        """One request line (ending in a newline) for a request body already serialized; or
+        the row's error, where the provider's API cannot express the request."""
         ...
 
     def submit(self, path: Path, *, route: str, submission_id: str,
@@ -114,7 +75,7 @@ class OpenAIBatchProtocol:
         self.client = openai.OpenAI(base_url=endpoint.base_url,
                                     api_key=endpoint.api_key or "not-needed",
                                     max_retries=0, timeout=timeout_s,
-                                    http_client=_http_client(openai))
+                                    http_client=http_client(openai))
         self._openai = openai
 
     def close(self) -> None:
@@ -217,6 +178,20 @@ class OpenAIBatchProtocol:
                              retryable=True, endpoint=self.endpoint.name)
 
 
-def protocol_for(endpoint: EndpointSpec) -> OpenAIBatchProtocol:
-    """The batch protocol an endpoint speaks (OpenAI's, for every OpenAI-compatible one)."""
+def protocol_for(endpoint: EndpointSpec) -> BatchProtocol:
+    """The batch protocol an endpoint speaks (its ``batch_protocol``)."""
+    if endpoint.batch_protocol == "anthropic":
+        return AnthropicBatchProtocol(endpoint)
     return OpenAIBatchProtocol(endpoint)
+
+
+def batch_config_problem(endpoint: EndpointSpec, route: str) -> str | None:
+    """Why calls on ``route`` cannot go through the endpoint's batch API at all, if so: said
+    before a row is read, not as an error per row."""
+    if endpoint.batch_protocol == "anthropic":
+        return config_problem(endpoint, route)
+    return None
+
+
+__all__ = ["SUBMISSION_METADATA", "BatchProtocol", "BatchStatus", "LineResult",
+           "OpenAIBatchProtocol", "batch_config_problem", "protocol_for"]

@@ -1,0 +1,293 @@
+"""Anthropic's Message Batches API as a :class:`~.protocol.BatchProtocol`, with the official
+``anthropic`` client.
+
+Each line of a batch file is one request of the batch (``{"custom_id", "params"}``, its
+params translated from the row's chat body when the line is written, see
+:mod:`.anthropic_messages`); :meth:`AnthropicBatchProtocol.submit` posts the file as the
+create call's JSON body, streamed from disk. The results are Messages, read back into the
+chat answers the ledger keeps.
+
+Anthropic's batches carry no metadata, so the submission id travels in the custom ids: a
+request key (64 hex digits) is sent as its 43 base64url characters and 20 characters of the
+submission's hash (63 of the 64 allowed). :meth:`~AnthropicBatchProtocol.find` reads them in an
+ended batch's results; a batch still processing shows no custom ids, so one is recognised by
+its request count and creation time where this process made the create call, and otherwise
+``find`` says it cannot tell yet (the collector asks again at its next poll) rather than
+answer "never created", which would submit the rows a second time.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ...errors import EndpointError, ErrorType, RowError, classify_http_error
+from ...settings import EndpointSpec
+from ..transport import CHAT_ROUTE
+from .anthropic_messages import CannotExpress, chat_reply, message_answer, messages_params
+from .lines import AnswerBlock, line_blocks
+from .protocol_types import BatchStatus, LineResult, http_client
+
+#: Anthropic's bounds on one batch (requests, bytes of the create call's body).
+MAX_REQUESTS, MAX_BODY_BYTES = 100_000, 256_000_000
+CUSTOM_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_KEY = re.compile(r"[0-9a-f]{64}")
+_TAG_CHARS = 20
+_FIND_SCAN = 100  # the newest batches find() looks at
+_CREATE_SKEW_S = 120.0  # a batch created this long before our create call is not ours
+_CHUNK_BYTES = 1 << 20
+#: An errored request's error type, as the HTTP status the same error answers online.
+_STATUS = {"invalid_request_error": 400, "authentication_error": 401,
+           "permission_error": 403, "billing_error": 402, "not_found_error": 404,
+           "request_too_large": 413, "rate_limit_error": 429, "api_error": 500,
+           "timeout_error": 504, "overloaded_error": 529}
+_PREFIX = b'{"custom_id":"'
+
+
+class BatchNotYetKnown(RuntimeError):
+    """Whether a submission's batch was created cannot be told until batches now processing
+    end (their custom ids show only in their results)."""
+
+
+def config_problem(endpoint: EndpointSpec, route: str) -> str | None:
+    """Why a call on ``route`` cannot go through this endpoint's Message Batches, if so."""
+    if route != CHAT_ROUTE:
+        return (f"endpoint '{endpoint.name}' has batch_protocol='anthropic': Anthropic's "
+                f"Message Batches answer chat messages only, not {route!r} (Anthropic has no "
+                "embeddings); use another batch endpoint or mode='online'")
+    if endpoint.max_requests_per_batch > MAX_REQUESTS:
+        return (f"endpoint '{endpoint.name}': max_requests_per_batch="
+                f"{endpoint.max_requests_per_batch}, above Anthropic's {MAX_REQUESTS:,} "
+                "requests per batch")
+    if endpoint.max_bytes_per_batch + endpoint.max_requests_per_batch + 64 > MAX_BODY_BYTES:
+        return (f"endpoint '{endpoint.name}': max_bytes_per_batch="
+                f"{endpoint.max_bytes_per_batch} does not fit Anthropic's 256 MB per batch "
+                "with its separators; at most "
+                f"{MAX_BODY_BYTES - endpoint.max_requests_per_batch - 64:,}")
+    return None
+
+
+def api_root(base_url: str) -> str:
+    """The client's base URL: the SDK adds ``/v1/messages/batches`` itself, and an endpoint's
+    base_url (shared with its OpenAI-compatible chat route) usually ends in /v1."""
+    root = base_url.rstrip("/")
+    return root.removesuffix("/v1") if root.endswith("/v1") else root
+
+
+def submission_tag(submission_id: str) -> str:
+    return hashlib.sha256(submission_id.encode()).hexdigest()[:_TAG_CHARS]
+
+
+def custom_id(key: str, tag: str) -> str:
+    """A request key (64 hex digits) and the submission's tag in one custom id."""
+    if not _KEY.fullmatch(key):
+        return key  # (no key of this library's; sent as it is, with no tag)
+    return base64.urlsafe_b64encode(bytes.fromhex(key)).rstrip(b"=").decode() + tag
+
+
+def key_of(sent: str) -> tuple[str, str | None]:
+    """The request key and submission tag a custom id carries."""
+    if len(sent) == 43 + _TAG_CHARS:
+        try:
+            return base64.urlsafe_b64decode(sent[:43] + "=").hex(), sent[43:]
+        except (binascii.Error, ValueError):
+            pass
+    return sent, None
+
+
+class AnthropicBatchProtocol:
+    provider = "anthropic"
+
+    def __init__(self, endpoint: EndpointSpec, *, timeout_s: float = 600.0):
+        import anthropic
+
+        self.endpoint = endpoint
+        # No retries of the client's own: a create retried after a dropped connection could
+        # make a second batch (see find).
+        self.client = anthropic.Anthropic(
+            base_url=api_root(endpoint.base_url), api_key=endpoint.api_key or "not-needed",
+            max_retries=0, timeout=timeout_s, http_client=http_client(anthropic))
+        self._anthropic = anthropic
+        #: submission id -> (requests, time of the create call) of creates made here
+        self._creates: dict[str, tuple[int, float]] = {}
+
+    def close(self) -> None:
+        self.client.close()
+
+    def line(self, key: str, route: str, body: bytes) -> bytes | RowError:
+        problem = config_problem(self.endpoint, route)
+        if problem is not None:
+            return RowError(problem, error_type=ErrorType.BAD_REQUEST)
+        if not CUSTOM_ID.fullmatch(key):
+            return RowError(f"request key {key[:80]!r} cannot be an Anthropic custom_id "
+                            "(^[a-zA-Z0-9_-]{1,64}$)", error_type=ErrorType.INTERNAL)
+        try:
+            params = messages_params(json.loads(body))
+        except (CannotExpress, ValueError) as exc:
+            return RowError(f"this request cannot be sent to Anthropic's Message Batches "
+                            f"(endpoint '{self.endpoint.name}'): {exc}",
+                            error_type=ErrorType.BAD_REQUEST)
+        return b'%s%s","params":%s}\n' % (_PREFIX, key.encode(), json.dumps(
+            params, ensure_ascii=False, separators=(",", ":")).encode())
+
+    def submit(self, path: Path, *, route: str, submission_id: str,
+               metadata: dict[str, str]) -> tuple[str, str | None]:
+        # (metadata: Anthropic's batches have none; the submission travels in the custom ids)
+        from anthropic.types.messages import MessageBatch
+
+        tag = submission_tag(submission_id)
+        with open(path, "rb") as handle:
+            requests = sum(1 for line in handle if line.strip())
+        self._creates[submission_id] = (requests, time.time())
+        with open(path, "rb") as handle:
+            batch = self.client.post(
+                "/v1/messages/batches", cast_to=MessageBatch, content=_request_body(handle, tag),
+                options={"headers": {"Content-Type": "application/json"}})
+        self._creates.pop(submission_id, None)
+        return batch.id, None
+
+    def find(self, submission_id: str) -> str | None:
+        tag, ours = submission_tag(submission_id), self._creates.get(submission_id)
+        candidates, unknown = [], 0
+        for batch in self.client.messages.batches.list(limit=_FIND_SCAN).data:  # one page
+            if batch.processing_status == "ended":
+                if batch.archived_at is None and self._first_tag(batch.id) == tag:
+                    return batch.id
+            elif ours is not None:
+                requests, started = ours
+                if (batch.request_counts.processing == requests
+                        and batch.created_at.timestamp() >= started - _CREATE_SKEW_S):
+                    candidates.append(batch.id)
+            else:
+                unknown += 1
+        if len(candidates) == 1:
+            return candidates[0]
+        if candidates or unknown:
+            raise BatchNotYetKnown(
+                f"{len(candidates) or unknown} batches on '{self.endpoint.name}' are still "
+                f"processing; whether one of them is submission {submission_id}'s shows once "
+                "they end (Anthropic's batches carry no metadata)")
+        return None
+
+    def _first_tag(self, batch_id: str) -> str | None:
+        with self.client.messages.batches.with_streaming_response.results(batch_id) as reply:
+            for raw in reply.iter_lines():
+                if raw.strip():
+                    return key_of(json.loads(raw).get("custom_id") or "")[1]
+        return None
+
+    def poll(self, batch_id: str) -> BatchStatus:
+        batch = self.client.messages.batches.retrieve(batch_id)
+        counts = batch.request_counts
+        ended = batch.processing_status == "ended"
+        # In the book's words (see book.ENDED), which the sensors and the collector read.
+        if not ended:
+            status = "cancelling" if batch.processing_status == "canceling" else "in_progress"
+        elif batch.cancel_initiated_at is not None:
+            status = "cancelled"
+        else:
+            status = "expired" if counts.expired else "completed"
+        total = (counts.processing + counts.succeeded + counts.errored + counts.canceled
+                 + counts.expired)
+        return BatchStatus(
+            batch_id=batch.id, status=status, ended=ended,
+            request_counts={"total": total, "completed": counts.succeeded,
+                            "failed": counts.errored, "expired": counts.expired,
+                            "canceled": counts.canceled},
+            output_file_id=batch.id if ended else None, error_file_id=None, errors=None)
+
+    def results(self, status: BatchStatus, route: str
+                ) -> Iterator[LineResult | AnswerBlock]:
+        if not status.output_file_id:
+            return
+        with self.client.messages.batches.with_streaming_response.results(
+                status.batch_id) as reply:
+            for block in line_blocks(reply.iter_bytes(_CHUNK_BYTES)):
+                answers = AnswerBlock([], [], [], [], [])
+                others = []
+                for raw in block:
+                    line = json.loads(raw)
+                    key, _tag = key_of(str(line.get("custom_id") or ""))
+                    result = line.get("result") or {}
+                    if result.get("type") == "succeeded":
+                        text, prompt, completion, reason = message_answer(result.get("message"))
+                        if text.strip():
+                            for column, value in zip(answers, (key, text, prompt, completion,
+                                                               reason), strict=True):
+                                column.append(value)
+                            continue
+                        # (no text: the chat reader says why that is no answer)
+                        others.append(LineResult(key, chat_reply(result.get("message")), None))
+                    else:
+                        others.append(self._failed(key, result))
+                if answers.keys:
+                    yield answers
+                yield from others
+
+    def _failed(self, key: str, result: dict[str, Any]) -> LineResult:
+        kind = result.get("type")
+        if kind in ("expired", "canceled"):  # never processed, not billed: "missing"
+            message = ("the batch expired before this request was processed" if kind ==
+                       "expired" else "the batch was canceled before this request was processed")
+            error = classify_http_error(408, json.dumps({"error": {"message": message}}),
+                                        retry_after_s=None, endpoint=self.endpoint.name)
+            return LineResult(key, None, error, expired=True)
+        if kind != "errored":
+            return LineResult(key, None, RowError(
+                f"batch result of unknown type {kind!r}", error_type=ErrorType.MALFORMED_RESPONSE))
+        body = result.get("error") if isinstance(result.get("error"), dict) else {}
+        inner = body.get("error") if isinstance(body.get("error"), dict) else body
+        status = _STATUS.get(str(inner.get("type")), 500)
+        return LineResult(key, None, classify_http_error(
+            status, json.dumps({"error": {"message": str(inner.get("message") or kind),
+                                          "code": inner.get("type")}}),
+            retry_after_s=None, endpoint=self.endpoint.name))
+
+    def cancel(self, batch_id: str) -> None:
+        self.client.messages.batches.cancel(batch_id)
+
+    def api_error(self, exc: BaseException) -> RowError:
+        """A failed create as the row error of its lines."""
+        anthropic, name = self._anthropic, self.endpoint.name
+        if isinstance(exc, anthropic.APIStatusError):
+            return classify_http_error(exc.status_code, exc.response.text, retry_after_s=None,
+                                       endpoint=name)
+        if isinstance(exc, anthropic.APITimeoutError):
+            return EndpointError(f"timeout submitting a batch to '{name}'",
+                                 error_type=ErrorType.TIMEOUT, retryable=True, endpoint=name)
+        if isinstance(exc, anthropic.APIConnectionError):
+            return EndpointError(
+                f"cannot connect to '{name}' at {self.endpoint.base_url} to submit a batch: "
+                f"{exc}", error_type=ErrorType.CONNECTION_ERROR, retryable=True, endpoint=name)
+        return EndpointError(f"submitting a batch to '{name}' failed: {type(exc).__name__}: "
+                             f"{exc}", error_type=ErrorType.SERVER_ERROR, retryable=True,
+                             endpoint=name)
+
+
+def _request_body(handle: Any, tag: str) -> Iterator[bytes]:
+    """The create call's JSON body from the file's lines, each custom id carrying ``tag``:
+    streamed, so a 256 MB batch is never whole in memory."""
+    yield b'{"requests":['
+    first = True
+    for raw in handle:
+        line = raw.rstrip(b"\r\n")
+        if not line.strip():
+            continue
+        if line.startswith(_PREFIX):  # (always: line() writes them so)
+            end = line.index(b'"', len(_PREFIX))
+            key = line[len(_PREFIX):end].decode()
+            line = _PREFIX + custom_id(key, tag).encode() + line[end:]
+        yield line if first else b"," + line
+        first = False
+    yield b"]}"
+
+
+__all__ = ["MAX_BODY_BYTES", "MAX_REQUESTS", "AnthropicBatchProtocol", "BatchNotYetKnown",
+           "api_root", "config_problem", "custom_id", "key_of", "submission_tag"]
