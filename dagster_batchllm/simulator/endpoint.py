@@ -58,7 +58,10 @@ class SimulatedEndpoint:
     `dagster_batchllm.simulator.images`) and the Files and Batches API (see
     `dagster_batchllm.simulator.batch_runner`; its calls and its lines have scripts of
     their own): ``batch_stage_s`` is how long a batch stays in each stage, None to hold it
-    there until `advance_batches`. Files live in a temp dir of this endpoint's, removed when
+    there until `advance_batches`. Anthropic's Message Batches (``/v1/messages/batches``, for
+    ``anthropic.Anthropic(base_url=<base_url without /v1>)``; see
+    `dagster_batchllm.simulator.anthropic_batches`) run through the same lifecycle, scripts
+    and controls. Files live in a temp dir of this endpoint's, removed when
     it is garbage-collected or the interpreter exits.
     """
 

@@ -4,7 +4,8 @@ A model request (chat, completions, embeddings) goes: validate (auth, JSON, mode
 -> build the reply -> rate-limit window -> scripted or random outcome -> take a slot and
 sleep the latency -> answer with that outcome. What each API validates and answers lives
 in its module (chat.py, embeddings.py, images.py); the Files and Batches API in
-batch_api.py, its lifecycle in batch_runner.py. Thread mode and the
+batch_api.py, Anthropic's Message Batches in anthropic_batches.py, their lifecycle in
+batch_runner.py. Thread mode and the
 ``python -m dagster_batchllm.simulator`` subprocess both run `serve`; the controller changes
 a running server only through the ``/_sim/{command}`` admin routes, which call
 `state.control` (or the batch runner, for the commands that process lines).
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from .anthropic_batches import MAX_BODY_BYTES, AnthropicBatches
 from .batch_api import BatchApi
 from .batch_runner import BatchRunner
 from .chat import prepare_generation
@@ -58,17 +60,20 @@ class _App:
             list(settings.embedding_models or responder_embedding_models(responder)),
             responder, state)
         self.auth = f"Bearer {settings.api_key}" if settings.api_key else None
+        self.api_key = settings.api_key  # (Anthropic's routes read it from x-api-key)
         self.slots = asyncio.Semaphore(settings.max_concurrency)
         self.state = state
         self.runner = BatchRunner(self.serving)
 
     def build(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        # (Anthropic's batches come inline, up to 256 MB in one create call)
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_get("/v1/models", self.list_models)
         BatchApi(self.state, self.authorized, self.runner).add_routes(app.router)
+        AnthropicBatches(self.state, self.api_key, self.runner).add_routes(app.router)
         app.router.add_route("*", "/_sim/{command}", self.admin)
         return app
 
