@@ -28,7 +28,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ...errors import EndpointError, ErrorType, RowError, classify_http_error
+from ...errors import (
+    EndpointError,
+    ErrorType,
+    InferenceConfigError,
+    RowError,
+    classify_http_error,
+)
 from ...settings import EndpointSpec
 from ..transport import CHAT_ROUTE
 from .anthropic_messages import CannotExpress, chat_reply, message_answer, messages_params
@@ -106,7 +112,12 @@ class AnthropicBatchProtocol:
     provider = "anthropic"
 
     def __init__(self, endpoint: EndpointSpec, *, timeout_s: float = 600.0):
-        import anthropic
+        try:
+            import anthropic
+        except ImportError as exc:  # an optional extra: say which, before anything is sent
+            raise InferenceConfigError(
+                f"endpoint '{endpoint.name}' has batch_protocol='anthropic', which needs the "
+                "anthropic package: pip install 'dagster-batchllm[anthropic]'") from exc
 
         self.endpoint = endpoint
         # No retries of the client's own: a create retried after a dropped connection could
