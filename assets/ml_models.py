@@ -27,6 +27,7 @@ from dagster_batchllm import (
     build_scoring_asset,
 )
 from dagster_batchllm.core.tasks.predict.models import mlflow_uris
+from dagster_batchllm.core.tasks.predict.registry import ready_registry
 from resources.mlflow_registry import ACTION_MODEL as MODEL
 from resources.mlflow_registry import ARTIFACTS_URI, MLFLOW_DIR, REGISTRY_URI
 from resources.warehouse import DATASET
@@ -104,6 +105,8 @@ def action_required_models(context: dg.AssetExecutionContext) -> pd.DataFrame:
     from mlflow import MlflowClient
 
     os.makedirs(MLFLOW_DIR, exist_ok=True)
+    # The champion's observation may be opening the fresh registry in another step right now.
+    ready_registry(REGISTRY_URI)
     client = MlflowClient(REGISTRY_URI, REGISTRY_URI)
     experiment = client.get_experiment_by_name("call_center_models")
     experiment_id = experiment.experiment_id if experiment else client.create_experiment(

@@ -44,7 +44,9 @@ def location(tmp_path_factory):
                BATCHLLM_STORE_URL=f"sqlite:///{tmp / 'ledger.db'}",
                BATCHLLM_MLFLOW_DIR=str(tmp / "mlflow"), DAGSTER_HOME=str(tmp),
                MLFLOW_DISABLE_TELEMETRY="true")
-    _materialize(env, "action_required_models")
+    # One run on a fresh registry: the training and the champion's observation open it at
+    # once, in two step processes (MLflow's migrations must run once).
+    _materialize(env, "action_required_models", "action_required_champion")
     _materialize(env, "cleaned_transcripts,predicted_actions,predicted_actions_by_team",
                  partition=DAY)
     return tmp

@@ -60,7 +60,12 @@ def build_model_version_asset(*, name: str, model_uri: str, registry_uri: str | 
     def _model_version(context) -> dg.ObserveResult:
         model = resolve_registered(model_uri, registry_uri)
         if model.error:
-            raise dg.Failure(model.error)
+            # Not registered yet, as when the asset that trains it runs in the same run (the
+            # observation cannot wait for it): recorded as such, not a failed run. What scores
+            # with it fails and names the asset to materialize first.
+            context.log.warning(f"batchllm: {model_uri} has no version yet: {model.error}")
+            return dg.ObserveResult(data_version=dg.DataVersion(_data_version(model)),
+                                    metadata={"batchllm/model/error": model.error})
         context.log.info(f"batchllm: {model_uri} is version {model.version} ({model.uri})")
         return dg.ObserveResult(data_version=dg.DataVersion(_data_version(model)),
                                 metadata=model_version_metadata(model))

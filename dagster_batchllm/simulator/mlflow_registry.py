@@ -24,9 +24,12 @@ class LocalRegistry:
         import mlflow
         from mlflow import MlflowClient
 
+        from ..core.tasks.predict.registry import ready_registry
+
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.uri = f"sqlite:///{self.root / 'mlflow.db'}"
+        ready_registry(self.uri)  # other processes may be opening it too
         self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
         found = self.client.get_experiment_by_name(experiment)
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(

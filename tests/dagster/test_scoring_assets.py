@@ -160,3 +160,23 @@ def test_the_code_version_follows_the_model_version(setup):
                                 model_asset=model_asset)
     assert moved.code_versions_by_key[moved.key] != scores.code_versions_by_key[scores.key]
     assert "version 2 when the definitions loaded" in moved.descriptions_by_key[moved.key]
+
+
+def test_observing_a_model_not_registered_yet_records_so_without_failing(tmp_path):
+    """Training and observing in one run: the observation may come first (it cannot wait for
+    the training step), and is then an observation of no version, not a failed run."""
+    from dagster._core.definitions.observe import observe
+
+    from dagster_batchllm.simulator.mlflow_registry import LocalRegistry
+
+    registry = LocalRegistry(tmp_path / "fresh")
+    model_asset = build_model_version_asset(name="later_model",
+                                            model_uri="models:/later@champion",
+                                            registry_uri=registry.uri)
+    with dg.instance_for_test() as instance:
+        result = observe([model_asset], instance=instance)
+        assert result.success
+        (event,) = result.get_asset_observation_events()
+        observation = event.asset_observation_data.asset_observation
+        assert observation.data_version.startswith("unresolved: ")
+        assert "later" in observation.metadata["batchllm/model/error"].value

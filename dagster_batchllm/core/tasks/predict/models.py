@@ -28,6 +28,7 @@ from typing import Any
 
 from ...errors import InferenceConfigError
 from ...settings import EndpointSpec, InferenceSettings, MlflowModelSpec
+from .registry import ready_registry
 
 IN_PROCESS, SERVED = "in_process", "served"
 _MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<ref>[^/]+))?/?$")
@@ -133,6 +134,7 @@ def _pin(base: ResolvedModel, uri: str) -> ResolvedModel:
     if match:
         from mlflow import MlflowClient
 
+        ready_registry(base.registry_uri)
         client = MlflowClient(tracking_uri=base.registry_uri, registry_uri=base.registry_uri)
         name, alias, ref = match["name"], match["alias"], match["ref"]
         if alias:
@@ -184,6 +186,8 @@ def load_model(model: ResolvedModel) -> Any:
         if found is None:
             import mlflow.pyfunc
 
+            if model.uri and model.uri.startswith(("models:/", "runs:/")):
+                ready_registry(model.registry_uri)
             with mlflow_uris(model.registry_uri):
                 found = mlflow.pyfunc.load_model(model.uri)
             _loaded[model.identity] = found
