@@ -168,8 +168,11 @@ class InferenceClient:
         submitted, the rows deferred "waiting for batch <id>" (see :mod:`.delivery.batch_api`).
         ``task_options``: keywords of the task's ``prepare`` (``models`` for predict)."""
         check_mode(mode, wait)
+        task_type = task_type_for(call)
+        if mode == "batch_api" and task_type.batch_refusal:
+            raise InferenceConfigError(f"mode='batch_api': {task_type.batch_refusal}.")
         call, frame = self._bind(df, call)
-        task = await task_type_for(call).prepare(call, frame, self, **(task_options or {}))
+        task = await task_type.prepare(call, frame, self, **(task_options or {}))
         budget = call.token_budget if call.token_budget is not None else self.settings.token_budget
         log = logger or self.log
         keep_keys = collect_keys or bool(supersede_stale and call.partition_key)

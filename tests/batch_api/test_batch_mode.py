@@ -225,6 +225,26 @@ def test_wrong_calls_raise_before_anything_is_sent(quick, make_client, store_url
     assert batch_stats(quick)["api_requests"] == 0
 
 
+def test_predictions_are_refused_in_batch_mode_saying_why(quick, store_url):
+    """No MLflow server has a batch API: an MLflow endpoint marked batch_api=True must not
+    upload /invocations lines to a Files API it does not have."""
+    from dagster_batchllm.core.client import InferenceClient
+    from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
+    from dagster_batchllm.core.tasks.predict.task import PredictCall
+
+    settings = InferenceSettings(
+        endpoints=(EndpointSpec(name="scorer", base_url=quick.base_url, models=("risk",),
+                                protocol="mlflow", batch_api=True),),
+        store_url=store_url)
+    features = pd.DataFrame({"f1": [0.1, 0.2], "f2": [1.0, 2.0]})
+    with InferenceClient(settings) as client, pytest.raises(
+            InferenceConfigError, match="neither has an offline batch API; score them online"):
+        client.run_call(features, PredictCall(model="risk", input_columns=["f1", "f2"]),
+                        mode="batch_api")
+    stats = quick.stats(log=False)
+    assert stats["requests"] == 0 and batch_stats(quick)["api_requests"] == 0
+
+
 def test_bad_rows_fail_alone_before_submission(quick, make_client):
     client = make_client(quick)
     df = pd.DataFrame({"text": ["fine", None, "   ", "also fine"]})

@@ -129,6 +129,9 @@ class Task:
     #: beyond the count): a task of several rows per request (``deliver`` groups them) says.
     items_per_request: int = 1
     max_request_tokens: int | None = None
+    #: Why this job's requests cannot be lines of a provider's batch file (None: they can):
+    #: ``mode="batch_api"`` raises it before anything is read or sent.
+    batch_refusal: ClassVar[str | None] = None
 
     def __init__(self, call: CallBase):
         self.call = call

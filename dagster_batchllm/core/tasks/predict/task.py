@@ -108,6 +108,9 @@ class PredictTask(Task):
 
     route = INVOCATIONS_ROUTE
     max_request_tokens = None
+    batch_refusal = ("predictions come from MLflow models, in process or served by `mlflow "
+                     "models serve`, and neither has an offline batch API; score them online "
+                     "(mode='online', the default), many rows per request")
 
     def __init__(self, call: PredictCall, models: dict[str, ResolvedModel], *,
                  in_process: Any = None):
