@@ -145,6 +145,26 @@ def with_attributes(*groups: list[Attribute]) -> Callable[[type], type]:
     return decorate
 
 
+# A Component's `external_source` attribute (both Components have it).
+ExternalSource = Annotated[bool, dg.Resolver.default(
+    description="The source is a table this project does not materialize (a warehouse table, "
+    "another code location's asset): declare it as an external asset (an AssetSpec of that "
+    "key, read by its IO manager) so the definitions load. Leave it false where the project "
+    "defines the source: the same key declared twice does not load.")]
+
+
+def external_source_specs(component: Any) -> list[dg.AssetSpec]:
+    """The external asset of a Component's source where its YAML says ``external_source``:
+    without a definition of the source key, Dagster refuses the asset that reads it ("Input
+    asset ... is not produced by any of the provided asset ops")."""
+    if not component.external_source:
+        return []
+    return [dg.AssetSpec(
+        component.source, group_name=(component.asset_attributes or {}).get("group_name"),
+        description=f"The table {component.name} reads, from outside this project (declared "
+        "by its component's external_source).")]
+
+
 def values(component: Any, group: list[Attribute]) -> dict[str, Any]:
     """The component's values of ``group``'s attributes, by their fields' names (what the
     factory or the call takes)."""

@@ -19,7 +19,9 @@ from ..factories.inference import build_inference_asset
 from ..sensors.batches import build_batch_collect_sensor
 from ..sensors.retry_partitions import build_retry_partitions_sensor
 from .attributes import (
+    ExternalSource,
     call_field_attributes,
+    external_source_specs,
     factory_option_attributes,
     values,
     with_attributes,
@@ -135,6 +137,7 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
     expand_fields: Annotated[bool, dg.Resolver.default(
         description="With a JSON-schema response_format, each property of the reply becomes a "
         "column.")] = True
+    external_source: ExternalSource = False
     resource: ResolvedResource = None
     retry_partitions: Annotated[RetryPartitionsSensorArgs | None, dg.Resolver.default(
         description="Also build a sensor that re-materializes the partitions with failed or "
@@ -171,7 +174,8 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
                 default_status=(dg.DefaultSensorStatus.RUNNING if self.batch_collect.running
                                 else dg.DefaultSensorStatus.STOPPED)))
         resources = {} if self.resource is None else {self.resource_key: self.resource}
-        return dg.Definitions(assets=[asset], sensors=sensors, resources=resources)
+        return dg.Definitions(assets=[*external_source_specs(self), asset], sensors=sensors,
+                              resources=resources)
 
     def _retry_sensor(self, asset: dg.AssetsDefinition) -> dg.SensorDefinition:
         args = self.retry_partitions

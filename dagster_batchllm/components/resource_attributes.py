@@ -58,11 +58,22 @@ def _yaml_field(info: FieldInfo) -> Any:
     return Field(default=info.default, description=info.description)
 
 
+# The resources the Components resolved, one per configuration. Dagster merges the Components'
+# definitions only where a key holds the same object (an equal one is "different resources
+# with same key"), so two defs.yaml declaring the same resource share one.
+_RESOLVED: list[BatchInferenceResource] = []
+
+
 def resolve_resource(context: dg.ResolutionContext,
                      attributes: BaseModel | None) -> BatchInferenceResource | None:
     if attributes is None:
         return None
-    return BatchInferenceResource(**_config_values(context, attributes))
+    resource = BatchInferenceResource(**_config_values(context, attributes))
+    for resolved in _RESOLVED:
+        if resolved == resource:
+            return resolved
+    _RESOLVED.append(resource)
+    return resource
 
 
 def _config_values(context: dg.ResolutionContext, value: Any) -> Any:

@@ -4,6 +4,11 @@
 Dagster's default scaffolder writes ``attributes: {}``, which cannot load (an inference asset
 needs a name, a source and a prompt). This one writes a complete, commented file that loads as
 it is, on the embedded default endpoint, for the user to point at their table and endpoints.
+Without a ``source`` it names a placeholder table, ``<name>_source``, and declares it an
+external asset (``external_source: true``), so ``dg check defs`` passes in a fresh project (and
+with several scaffolds: each its own placeholder, as a key declared twice does not load); a
+named ``source`` is taken for an asset of the project unless ``external_source`` says
+otherwise.
 
 Example::
 
@@ -48,11 +53,35 @@ class DefsYamlScaffolder(Scaffolder[Params], Generic[Params]):
             self.text(request.type_name, request.target_path.name, params))
 
 
-class InferenceScaffoldParams(BaseModel):
+class SourceParams(BaseModel):
+    """The upstream table, as both scaffolds take it."""
+
+    source: str | None = Field(
+        default=None, description="The upstream asset whose table is read (default: a "
+        "placeholder, <name>_source, declared an external asset).")
+    external_source: bool | None = Field(
+        default=None, description="Declare the source an external asset (a table this project "
+        "does not materialize); default: true for the placeholder, false for a named source.")
+
+    def source_lines(self, name: str, what: str) -> str:
+        """The defs.yaml lines of the source: the placeholder or a table from outside the
+        project with ``external_source: true`` (else its definitions would not load), an
+        asset of the project with the line commented out."""
+        source = self.source or f"{name}_source"
+        external = self.external_source if self.external_source is not None else (
+            self.source is None)
+        line = f"  source: {yaml_text(source)}       # the upstream asset whose table is {what}\n"
+        if external:
+            return line + ("  external_source: true   # not an asset of this project: declared "
+                           "an external asset\n"
+                           "  #   here (remove this line where the project defines it)\n")
+        return line + ("  # external_source: true   # where the source is not an asset of this "
+                       "project\n")
+
+
+class InferenceScaffoldParams(SourceParams):
     """What ``--json-params`` may say; everything has a default that loads."""
 
-    source: str = Field(default="upstream_table",
-                        description="The upstream asset whose table is inferred.")
     prompt: str = Field(default="Summarize: {text}",
                         description="A prompt template over the source table's columns.")
     output_column: str = Field(default="output", description="The column for the answers.")
@@ -78,8 +107,7 @@ def defs_yaml(type_name: str, name: str, params: InferenceScaffoldParams) -> str
         f"type: {type_name}\n"
         "attributes:\n"
         f"  name: {yaml_text(name)}\n"
-        f"  source: {yaml_text(params.source)}       # the upstream asset whose table is "
-        "inferred\n"
+        f"{params.source_lines(name, 'inferred')}"
         f"  prompt: {yaml_text(params.prompt)}\n"
         f"  output_column: {yaml_text(params.output_column)}\n"
         f"{model}"
@@ -101,12 +129,10 @@ def defs_yaml(type_name: str, name: str, params: InferenceScaffoldParams) -> str
     )
 
 
-class ScoringScaffoldParams(BaseModel):
+class ScoringScaffoldParams(SourceParams):
     """What ``--json-params`` may say to ``dg scaffold defs
     dagster_batchllm.ModelScoringComponent <name>``; everything has a default that loads."""
 
-    source: str = Field(default="features",
-                        description="The upstream asset whose table is scored.")
     model: str = Field(default="risk", description="The model's name in the resource.")
     model_uri: str = Field(default="models:/risk@champion",
                            description="Where MLflow finds it (models:/name@alias, a path).")
@@ -121,8 +147,7 @@ def scoring_defs_yaml(type_name: str, name: str, params: ScoringScaffoldParams) 
         f"type: {type_name}\n"
         "attributes:\n"
         f"  name: {yaml_text(name)}\n"
-        f"  source: {yaml_text(params.source)}       # the upstream asset whose table is "
-        "scored\n"
+        f"{params.source_lines(name, 'scored')}"
         f"  model: {yaml_text(params.model)}\n"
         f"  input_columns: [{columns}]   # named as the model's features\n"
         f"  output_column: {yaml_text(params.output_column)}\n"

@@ -22,7 +22,14 @@ from ..factories.scoring import (
     build_model_version_asset,
     build_scoring_asset,
 )
-from .attributes import as_resolved, factory_option_attributes, values, with_attributes
+from .attributes import (
+    ExternalSource,
+    as_resolved,
+    external_source_specs,
+    factory_option_attributes,
+    values,
+    with_attributes,
+)
 from .resource_attributes import ResolvedResource
 from .scaffolder import ScoringScaffolder
 
@@ -115,6 +122,7 @@ class ModelScoringComponent(dg.Component, dg.Resolvable):
     alias_sensor: Annotated[AliasSensorArgs | None, dg.Resolver.default(
         description="Also build the sensor that marks the scores stale and re-scores them "
         "when model_version's alias moves (needs model_version).")] = None
+    external_source: ExternalSource = False
     resource: ResolvedResource = None
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
@@ -143,8 +151,9 @@ class ModelScoringComponent(dg.Component, dg.Resolvable):
                 default_status=(dg.DefaultSensorStatus.RUNNING if args.running
                                 else dg.DefaultSensorStatus.STOPPED)))
         resources = {} if self.resource is None else {self.resource_key: self.resource}
-        return dg.Definitions(assets=[a for a in (model_asset, asset) if a is not None],
-                              sensors=sensors, resources=resources)
+        assets = [*external_source_specs(self), model_asset, asset]
+        return dg.Definitions(assets=[a for a in assets if a is not None], sensors=sensors,
+                              resources=resources)
 
     def _watched(self, where: str) -> tuple[str, str | None]:
         """model_version's URI and registry, from the resource where the YAML leaves them out."""
