@@ -12,7 +12,6 @@ from typing import Any
 
 import dagster as dg
 
-from ..core.delivery.batch_api.mode import check_mode
 from ..core.errors import InferenceConfigError
 from ..core.tasks.base import CallBase, task_type_for
 from .shared import AssetJob, AssetOptions, asset_factory, build_asset
@@ -40,7 +39,6 @@ def build_call_asset(options: AssetOptions, *, call: CallBase, mode: str = "onli
                 f"call= must be a job's call object (a CallBase subclass), got "
                 f"{type(call).__name__}; for a chat prompt use build_inference_asset.")
         task_type_for(call)  # a call of no registered job says how to register one, now
-        check_mode(mode, wait)
         return CallJob(call, mode=mode, wait=wait)
 
     return build_asset("build_call_asset", options, job)
@@ -50,10 +48,6 @@ class CallJob(AssetJob):
     """A registered job's call per row: its value in ``output_column``."""
 
     call: CallBase
-
-    def __init__(self, call: CallBase, *, mode: str, wait: bool) -> None:
-        super().__init__(call)
-        self.mode, self.wait = mode, wait
 
     def send(self, llm: Any, frame: Any, **run: Any) -> Any:
         return llm.run_call(frame, self.call, **run, collect_keys=True, mode=self.mode,
@@ -70,9 +64,7 @@ class CallJob(AssetJob):
                 "with it.")
 
     def metadata(self) -> dict[str, Any]:
-        return {**super().metadata(), "batchllm/task": self.call.job,
-                **({"batchllm/mode": self.mode, "batchllm/wait": self.wait}
-                   if self.mode != "online" else {})}
+        return {**super().metadata(), "batchllm/task": self.call.job}
 
     def column_docs(self, input_columns: Sequence[str]
                     ) -> tuple[dict[str, str], dict[str, str]]:
@@ -84,6 +76,3 @@ class CallJob(AssetJob):
                                 "where it succeeded."),
         }
         return descriptions, {call.error_column: "string"}
-
-    def price_for(self, settings: Any) -> Any:
-        return settings.batch_price_for if self.mode == "batch_api" else settings.price_for

@@ -18,6 +18,7 @@ from .shared import AssetJob, AssetOptions, asset_factory, build_asset
 
 @asset_factory()
 def build_embedding_asset(options: AssetOptions, *, call: EmbedCall | None = None,
+                          mode: str = "online", wait: bool = True,
                           **call_fields: Any) -> dg.AssetsDefinition:
     """Build a software-defined asset that embeds a text of each row of an upstream table.
 
@@ -26,6 +27,9 @@ def build_embedding_asset(options: AssetOptions, *, call: EmbedCall | None = Non
     ``model=``, ``output_column=``, ``dimensions=``, ``inputs_per_request=`` ...); the other
     keywords are every asset factory's (below). Each partition's materialization
     carries its rows' figures, what the run paid, ``batchllm/dimensions`` and the checks.
+    ``mode="batch_api"`` (and ``wait``) as for
+    :func:`~dagster_batchllm.factories.inference.build_inference_asset`: one input per line of
+    the provider's batch file, at its batch price.
 
     Example::
 
@@ -36,7 +40,8 @@ def build_embedding_asset(options: AssetOptions, *, call: EmbedCall | None = Non
                                            input_column="transcript_text", model="bge-large")
     """
     return build_asset("build_embedding_asset", options,
-                       lambda: EmbeddingJob(EmbedCall.of(call, **call_fields)))
+                       lambda: EmbeddingJob(EmbedCall.of(call, **call_fields), mode=mode,
+                                            wait=wait))
 
 
 class EmbeddingJob(AssetJob):
@@ -45,7 +50,8 @@ class EmbeddingJob(AssetJob):
     call: EmbedCall
 
     def send(self, llm: Any, frame: Any, **run: Any) -> Any:
-        return llm.embed(frame, self.call, **run, collect_keys=True)
+        return llm.embed(frame, self.call, **run, collect_keys=True, mode=self.mode,
+                         wait=self.wait)
 
     def description(self) -> str:
         return _describe(self.call)

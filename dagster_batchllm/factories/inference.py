@@ -6,7 +6,6 @@ from typing import Any
 
 import dagster as dg
 
-from ..core.delivery.batch_api.mode import check_mode
 from ..core.tasks.chat.call import InferenceCall
 from .shared import AssetJob, AssetOptions, asset_factory, build_asset
 
@@ -74,7 +73,6 @@ def build_inference_asset(
 
     def job() -> InferenceJob:
         chat = InferenceCall.of(call, **call_fields)
-        check_mode(mode, wait)
         return InferenceJob(chat, mode=mode, wait=wait, expand_fields=expand_fields)
 
     return build_asset("build_inference_asset", options, job)
@@ -88,8 +86,7 @@ class InferenceJob(AssetJob):
 
     def __init__(self, call: InferenceCall, *, mode: str, wait: bool,
                  expand_fields: bool) -> None:
-        super().__init__(call)
-        self.mode, self.wait = mode, wait
+        super().__init__(call, mode=mode, wait=wait)
         self.schema_fields = _schema_fields(call.response_format) if expand_fields else []
 
     def send(self, llm: Any, frame: Any, **run: Any) -> Any:
@@ -99,10 +96,6 @@ class InferenceJob(AssetJob):
     def description(self) -> str:
         return _describe(self.call, self.schema_fields)
 
-    def metadata(self) -> dict[str, Any]:
-        return {**super().metadata(), **({"batchllm/mode": self.mode, "batchllm/wait": self.wait}
-                                         if self.mode != "online" else {})}
-
     def shape(self, table: Any) -> Any:
         if not self.schema_fields:
             return table
@@ -111,9 +104,6 @@ class InferenceJob(AssetJob):
     def column_docs(self, input_columns: Sequence[str]
                     ) -> tuple[dict[str, str], dict[str, str]]:
         return _column_docs(self.call, self.schema_fields, input_columns)
-
-    def price_for(self, settings: Any) -> Any:
-        return settings.batch_price_for if self.mode == "batch_api" else settings.price_for
 
     def models_named(self, settings: Any) -> str:
         return _models_named(self.call, settings.model_when_unnamed)

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 import dagster as dg
 
+from ..core.delivery.batch_api.mode import check_mode
 from ..core.errors import InferenceConfigError
 from ..core.ledger.stores import validate_identifier
 from .checks import inference_check_specs
@@ -184,14 +185,17 @@ class AssetJob:
     A job makes its call (:meth:`send`) and describes what it adds to the table
     (:meth:`description`, :meth:`column_docs`). The other methods have defaults that fit a
     call the ledger records: the code version is the call's, the figures are what the run
-    paid and what the table's answers cost.
+    paid and what the table's answers cost. ``mode`` and ``wait`` say how its requests go
+    (online, or through a provider's batch API at its batch price): the job's :meth:`send`
+    passes them on, the metadata and prices follow them here.
     """
 
     #: The asset's kinds unless the user gives some.
     kinds: ClassVar[frozenset[str]] = frozenset({"batchllm", "pandas"})
 
-    def __init__(self, call: Any) -> None:
-        self.call = call
+    def __init__(self, call: Any, *, mode: str = "online", wait: bool = True) -> None:
+        check_mode(mode, wait)
+        self.call, self.mode, self.wait = call, mode, wait
 
     def send(self, llm: Any, frame: Any, **run: Any) -> Any:
         """The call over one partition's rows (``run``: context, partition_key, ...)."""
@@ -210,7 +214,9 @@ class AssetJob:
 
     def metadata(self) -> dict[str, Any]:
         """The asset's definition metadata."""
-        return {"batchllm/output_column": self.call.output_column}
+        return {"batchllm/output_column": self.call.output_column,
+                **({"batchllm/mode": self.mode, "batchllm/wait": self.wait}
+                   if self.mode != "online" else {})}
 
     def deps(self) -> list[Any]:
         """Upstream assets besides the source (and the user's ``deps``)."""
@@ -229,7 +235,7 @@ class AssetJob:
         return self.call.model or "the resource's default_model"
 
     def price_for(self, settings: Any) -> Any:
-        return settings.price_for
+        return settings.batch_price_for if self.mode == "batch_api" else settings.price_for
 
     def own_figures(self, stats: Any, rows_out: Any) -> dict[str, Any]:
         """The job's own figures of one partition."""

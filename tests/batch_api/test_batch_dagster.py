@@ -136,3 +136,36 @@ def test_a_sensor_without_a_partitioned_asset_or_resource_is_refused(store_url, 
         build_batch_collect_sensor(summaries, resource="sqlite:///x.db")
     with pytest.raises(dg.DagsterInvalidDefinitionError, match="mode must be one of"):
         build_inference_asset(name="x", source="calls", prompt="{text}", mode="later")
+
+
+def test_an_embedding_asset_goes_through_the_batch_api_at_the_batch_price(store_url,
+                                                                          instance):
+    from dagster_batchllm import build_embedding_asset
+    from dagster_batchllm.testing import SimulatedEndpoint
+
+    vectors = build_embedding_asset(name="call_vectors", source=calls, input_column="text",
+                                    model="bge", partitions_def=PARTS, mode="batch_api")
+    assert next(iter(vectors.specs)).metadata["batchllm/mode"] == "batch_api"
+    with SimulatedEndpoint(embedding_models=("bge",), embedding_dimensions=8,
+                           api_key="sk-batch") as sim:
+        llm = BatchInferenceResource(
+            endpoints=[Endpoint(name="openai", base_url=sim.base_url, embedding_models=["bge"],
+                                api_key=sim.settings.api_key, batch_api=True)],
+            prices=[ModelPrice(model="bge", usd_per_1m_prompt_tokens=0.1,
+                               usd_per_1m_completion_tokens=0.0)],
+            store_url=store_url, batch_poll_initial_s=0.02, progress_interval_s=60.0)
+        result = dg.materialize([calls, vectors], partition_key="d1", instance=instance,
+                                resources={"llm": llm})
+        assert result.success
+        table = result.output_for_node("call_vectors")
+        assert table["embedding"].map(len).eq(8).all() and table["embedding_error"].isna().all()
+        stats = batch_stats(sim)
+        assert stats["batches_created"] == 1 and sim.stats(log=False)["requests"] == 0
+        (event,) = result.asset_materializations_for_node("call_vectors")
+        figures = {k: getattr(v, "value", v) for k, v in event.metadata.items()}
+        assert figures["batchllm/run/mode"] == "batch_api"
+        assert figures["batchllm/rows_succeeded"] == ROWS
+        # the batch price: half the online one (ModelPrice's default batch_discount)
+        paid = figures["batchllm/run/cost_usd"]
+        online = figures["batchllm/run/prompt_tokens"] * 0.1 / 1e6
+        assert paid == pytest.approx(online / 2)
