@@ -26,30 +26,51 @@ BIN = Path(sys.executable).parent
 DAY = "2026-11-09"  # a day after the training week
 
 
-def _materialize(env: dict, *select: str, partition: str | None = None) -> None:
+def _materialize(env: dict, *select: str, partition: str | None = None,
+                 fails: bool = False) -> str:
     command = [str(BIN / "dagster"), "asset", "materialize", "-f", "definitions.py",
                "--select", ",".join(select)]
     if partition:
         command += ["--partition", partition]
     done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=240)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert (done.returncode != 0) == fails, (done.stdout + done.stderr)[-4000:]
+    return done.stdout + done.stderr
 
 
-@pytest.fixture(scope="module")
-def location(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("example_ml")
+def _environment(tmp: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHLLM_")}
     env.update(BATCHLLM_WAREHOUSE_URL=f"sqlite:///{tmp / 'warehouse.db'}",
                BATCHLLM_STORE_URL=f"sqlite:///{tmp / 'ledger.db'}",
                BATCHLLM_MLFLOW_DIR=str(tmp / "mlflow"), DAGSTER_HOME=str(tmp),
                MLFLOW_DISABLE_TELEMETRY="true")
+    return env
+
+
+@pytest.fixture(scope="module")
+def location(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("example_ml")
+    env = _environment(tmp)
     # One run on a fresh registry: the training and the champion's observation open it at
     # once, in two step processes (MLflow's migrations must run once).
     _materialize(env, "action_required_models", "action_required_champion")
     _materialize(env, "cleaned_transcripts,predicted_actions,predicted_actions_by_team",
                  partition=DAY)
     return tmp
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("asset", ["predicted_actions", "predicted_actions_by_team"])
+def test_scoring_before_the_models_exist_names_the_asset_to_materialize_first(asset,
+                                                                             tmp_path):
+    """Both scoring assets (one model, a model column) fail alike before a row is sent."""
+    said = _materialize(_environment(tmp_path), "cleaned_transcripts", asset, partition=DAY,
+                        fails=True)
+    assert "cannot be resolved" in said and "Nothing was sent" in said, said[-3000:]
+    assert "materialize action_required_models first" in said, said[-3000:]
+    with sqlite3.connect(tmp_path / "warehouse.db") as con:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
+    assert asset not in tables
 
 
 def _table(tmp: Path, name: str) -> pd.DataFrame:

@@ -27,6 +27,7 @@ from ..core.errors import InferenceConfigError
 from ..core.ledger.stores import validate_identifier
 from ..core.settings import InferenceSettings, MlflowModelSpec
 from ..core.tasks.predict.models import ResolvedModel, resolve_models
+from ..core.tasks.predict.resolve import ModelsUnresolvedError
 from ..core.tasks.predict.task import PredictCall
 from .partitions import Figures, LogLine
 from .shared import AssetJob, AssetOptions, asset_factory, asset_key_of, build_asset
@@ -160,7 +161,22 @@ class ScoringJob(AssetJob):
         ).hexdigest()[:16]
 
     def send(self, llm: Any, frame: Any, **run: Any) -> Any:
-        return llm.predict(frame, self.call, **run)
+        try:
+            return llm.predict(frame, self.call, **run)
+        except ModelsUnresolvedError as exc:  # one model or all of a column's: no row can pass
+            raise dg.Failure(f"{exc}. Nothing was sent. {self._first_step()}") from exc
+
+    def _first_step(self) -> str:
+        """What makes the model exist: the assets this one depends on (other than the model
+        version it watches), which a run must materialize before scoring."""
+        upstream = [asset_key_of(d).to_user_string() for d in self.upstream]
+        if upstream:
+            return (f"If the model is trained and registered upstream, materialize "
+                    f"{' and '.join(upstream)} first, then this asset.")
+        if self.model_asset is not None:
+            return (f"Register the model {self.watched[0]} resolves to (watched by "
+                    f"{self.model_asset.key.to_user_string()}) first, then this asset.")
+        return "Register the model, or fix the model name or URI."
 
     def code_version(self) -> str:
         return self._code_version

@@ -13,6 +13,7 @@ from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.errors import InferenceConfigError
 from dagster_batchllm.core.settings import InferenceSettings, MlflowModelSpec
 from dagster_batchllm.core.tasks.predict.models import load_counts
+from dagster_batchllm.core.tasks.predict.resolve import ModelsUnresolvedError
 
 pytest.importorskip("mlflow")
 
@@ -171,6 +172,14 @@ def test_wrong_calls_raise_before_anything_is_scored(scoring, tmp_path):
         client.predict(frame, model="gone", input_columns=FEATURES, output_column="r")
     with pytest.raises(InferenceConfigError, match="model= .* or model_column="):
         client.predict(frame, input_columns=FEATURES, output_column="r")
+    # A model column whose every model is unusable: no row could be scored, so it raises too
+    # (one usable model among them, and only the other rows fail: see the test above).
+    frame["model"] = ["gone", "elsewhere", "gone", None, "models:/nobody@champion"]
+    with pytest.raises(ModelsUnresolvedError, match=r"no model that model column 'model' "
+                                                    r"names can be used \(3 named\)") as info:
+        client.predict(frame, model_column="model", input_columns=FEATURES, output_column="r")
+    assert set(info.value.problems) == {"gone", "elsewhere", "models:/nobody@champion"}
+    frame = feature_frame(5)
     with pytest.raises(InferenceConfigError, match="no MLmodel file"):
         client.predict(frame, model=str(tmp_path / "empty"), input_columns=FEATURES,
                        output_column="r")

@@ -41,9 +41,28 @@ async def resolve_for_call(settings: Any, call: PredictCall, frame: Any
             models[name] = await asyncio.to_thread(_loaded_and_checked, model,
                                                    list(call.input_columns))
     if call.model is not None and models[call.model].error:
-        raise InferenceConfigError(models[call.model].error)
+        raise ModelsUnresolvedError(models[call.model].error,
+                                    {call.model: models[call.model].error})
+    if call.model is None and models and all(m.error for m in models.values()):
+        # Each row would fail with its model's reason: nothing could be scored.
+        said = "; ".join(m.error or "" for m in list(models.values())[:3])
+        more = f"; and {len(models) - 3} more" if len(models) > 3 else ""
+        raise ModelsUnresolvedError(
+            f"no model that model column '{call.model_column}' names can be used "
+            f"({len(models)} named), so no row can be scored: {said}{more}",
+            {name: m.error or "" for name, m in models.items()})
     _warn_unversioned(models)
     return models
+
+
+class ModelsUnresolvedError(InferenceConfigError):
+    """No model a call names can be used (not registered yet, unknown, not loadable): no row
+    could be scored, so the call raises before anything is sent. ``problems``: each model
+    name's reason."""
+
+    def __init__(self, message: str, problems: dict[str, str] | None = None):
+        super().__init__(message)
+        self.problems = problems or {}
 
 
 def _warn_unversioned(models: dict[str, ResolvedModel]) -> None:
