@@ -408,3 +408,19 @@ def test_keys_placed_without_a_lookup_are_decided_from_their_lines_after_all(
     assert third.stats.succeeded == 160 and third.stats.requests == 0
     stats = batch_stats(held)
     assert stats["lines_ok"] == 80 and stats["line_duplicates"] == 0
+
+
+def test_image_rows_go_through_the_batch_api_as_they_go_online(quick, make_client, store_url):
+    from dagster_batchllm.testing import png_bytes
+
+    df = pd.DataFrame({"text": ["first page", "second page", "no page"],
+                       "page": [png_bytes(2, 2, (10, 0, 0)), png_bytes(3, 3, (0, 90, 0)), 7]})
+    client = make_client(quick)
+    batch = infer(client, df, images="page")
+    assert batch.stats.mode == "batch_api" and batch_stats(quick)["batches_created"] == 1
+    online = make_client(quick, store_url=store_url.replace("ledger.db", "online.db")).infer(
+        df, prompt=PROMPT, model=MODEL, output_column="summary", images="page")
+    assert batch.df["summary"].tolist()[:2] == online.df["summary"].tolist()[:2]
+    assert all("[image sha256:" in answer for answer in batch.df["summary"][:2])
+    assert batch.error_types.tolist() == [None, None, "invalid_input"]  # 7 is no image
+    assert infer(client, df, images="page").stats.cached == 2  # the rerun sends nothing

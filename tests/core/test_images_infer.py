@@ -255,6 +255,28 @@ def test_images_take_a_column_as_the_prompt_writes_it(sim, make_client):
         InferenceCall(prompt="x", images="{page} and {other}")
 
 
+def test_images_go_with_a_model_column_each_row_to_its_own_model(make_client):
+    from dagster_batchllm.testing import SimulatedEndpoint
+
+    class SaysWhoSaw:
+        def models(self) -> list[str]:
+            return ["vision-a", "vision-b"]
+
+        def respond(self, model: str, messages: list[dict], params: dict) -> str:
+            return f"{model} saw {messages[-1]['content']}"
+
+    images = [png_bytes(2, 2, (i * 60, 0, 0)) for i in range(3)]
+    df = pd.DataFrame({"name": list("abc"), "page": images,
+                       "model": ["vision-a", "vision-b", "no-such-model"]})
+    with SimulatedEndpoint(responder=SaysWhoSaw(), models=("vision-a", "vision-b")) as two:
+        result = make_client(two).infer(df, prompt="Read {name}", images="page",
+                                        model_column="model", output_column="out")
+    for answer, model, name, raw in zip(result.df["out"][:2], ["vision-a", "vision-b"], "ab",
+                                        images, strict=False):
+        assert answer.startswith(f"{model} saw Read {name}") and marker(raw) in answer
+    assert result.error_types.tolist() == [None, None, "unsupported_model"]
+
+
 def test_code_version_covers_images_and_text_calls_keep_theirs():
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
     text = InferenceCall(prompt="Summarize: {text}", model="m", max_tokens=64,
