@@ -26,6 +26,11 @@ FAILED_ROW_RATE = "failed_row_rate"
 ROW_COUNT_MATCHES_INPUT = "row_count_matches_input"
 NO_ROWS_DEFERRED = "no_rows_deferred"
 CHECK_NAMES = (FAILED_ROW_RATE, ROW_COUNT_MATCHES_INPUT, NO_ROWS_DEFERRED)
+# What row_count_matches_input reports for a partition without input rows (the option
+# empty_partition): an empty day usually means its load did not happen, which "0 rows out for 0
+# in" would pass silently; where empty days are normal, "pass".
+EMPTY_PARTITION_POLICIES = {
+    "warn": dg.AssetCheckSeverity.WARN, "error": dg.AssetCheckSeverity.ERROR, "pass": None}
 
 
 def inference_check_specs(asset_key: dg.AssetKey,
@@ -43,7 +48,9 @@ def inference_check_specs(asset_key: dg.AssetKey,
                               "metadata)."),
             dg.AssetCheckSpec(ROW_COUNT_MATCHES_INPUT, asset=asset_key,
                               partitions_def=partitions_def,
-                              description="Every input row is in the output, none added."),
+                              description="Every input row is in the output, none added; "
+                              "a partition without input rows warns (or errs, or passes: the "
+                              "asset's empty_partition)."),
             dg.AssetCheckSpec(NO_ROWS_DEFERRED, asset=asset_key, partitions_def=partitions_def,
                               description="No row was left unsent by a token budget."),
         ]
@@ -51,7 +58,7 @@ def inference_check_specs(asset_key: dg.AssetKey,
 
 def inference_check_results(
     asset_key: dg.AssetKey, stats: InferenceStats, *, input_rows: int, output_rows: int,
-    warn_failed_rate: float, error_failed_rate: float,
+    warn_failed_rate: float, error_failed_rate: float, empty_partition: str = "warn",
     failed_rows: dg.TableMetadataValue | None = None,
 ) -> list[dg.AssetCheckResult]:
     """The checks' results for one call's figures (one partition's, in a backfill)."""
@@ -79,14 +86,7 @@ def inference_check_results(
             severity=rate_severity, metadata=rate_metadata,
             description=_failed_rate_description(stats, warn_failed_rate, error_failed_rate),
         ),
-        dg.AssetCheckResult(
-            asset_key=asset_key, check_name=ROW_COUNT_MATCHES_INPUT,
-            passed=bool(input_rows == output_rows), severity=dg.AssetCheckSeverity.ERROR,
-            metadata={"input_rows": input_rows, "output_rows": output_rows},
-            description=(f"{output_rows} rows out for {input_rows} in." if input_rows ==
-                         output_rows else f"{output_rows} rows out for {input_rows} in: the "
-                         "transform added or dropped rows."),
-        ),
+        _row_count_result(asset_key, input_rows, output_rows, empty_partition),
         dg.AssetCheckResult(
             asset_key=asset_key, check_name=NO_ROWS_DEFERRED, passed=bool(stats.deferred == 0),
             severity=dg.AssetCheckSeverity.WARN,
@@ -95,6 +95,27 @@ def inference_check_results(
                          if stats.deferred else "Every row was sent."),
         ),
     ]
+
+
+def _row_count_result(asset_key: dg.AssetKey, input_rows: int, output_rows: int,
+                      empty_partition: str) -> dg.AssetCheckResult:
+    metadata: dict[str, Any] = {"input_rows": input_rows, "output_rows": output_rows}
+    if input_rows != output_rows:
+        passed, severity = False, dg.AssetCheckSeverity.ERROR
+        description = (f"{output_rows} rows out for {input_rows} in: the transform added or "
+                       "dropped rows.")
+    elif input_rows == 0 and EMPTY_PARTITION_POLICIES[empty_partition] is not None:
+        passed, severity = False, EMPTY_PARTITION_POLICIES[empty_partition]
+        metadata["empty_partition"] = empty_partition
+        description = ("No input rows: the upstream table has none for this partition (did "
+                       "its load run?). Where empty partitions are normal, set "
+                       "empty_partition='pass' on the asset.")
+    else:
+        passed, severity = True, dg.AssetCheckSeverity.ERROR
+        description = f"{output_rows} rows out for {input_rows} in."
+    return dg.AssetCheckResult(
+        asset_key=asset_key, check_name=ROW_COUNT_MATCHES_INPUT, passed=passed,
+        severity=severity, metadata=metadata, description=description)
 
 
 def _failed_rate_description(stats: InferenceStats, warn_above: float,

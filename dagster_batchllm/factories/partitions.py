@@ -42,10 +42,11 @@ def call_per_partition(context: dg.AssetExecutionContext, source_table: Any,
 def partition_events(context: dg.AssetExecutionContext, asset_key: dg.AssetKey, table: Any,
                      results: dict[str | None, tuple[Any, Any]], source_table: Any, *,
                      partition_column: str | None, key_columns: Sequence[str],
-                     warn_failed_rate: float, error_failed_rate: float, figures: Figures,
-                     log_line: LogLine) -> Iterator[Any]:
+                     warn_failed_rate: float, error_failed_rate: float, empty_partition: str,
+                     figures: Figures, log_line: LogLine) -> Iterator[Any]:
     """The asset's output and check results. Every partition of the run gets its own figures
-    and checks, also one without input rows."""
+    and checks, also one without input rows (its row count check as ``empty_partition``
+    says)."""
     keys = list(read_context(context).partition_keys) or [None]
     metadata_by_key, checks = {}, []
     for key in keys:
@@ -61,7 +62,7 @@ def partition_events(context: dg.AssetExecutionContext, asset_key: dg.AssetKey, 
         checks.append((key, inference_check_results(
             asset_key, stats, input_rows=len(frame), output_rows=len(rows_out),
             warn_failed_rate=warn_failed_rate, error_failed_rate=error_failed_rate,
-            failed_rows=failed)))
+            empty_partition=empty_partition, failed_rows=failed)))
         line = log_line(key, result, stats, rows_out)
         if line:
             context.log.info(line)

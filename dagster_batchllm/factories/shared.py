@@ -30,14 +30,14 @@ import typing
 import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import dagster as dg
 
 from ..core.delivery.batch_api.mode import check_mode
 from ..core.errors import InferenceConfigError
 from ..core.ledger.stores import validate_identifier
-from .checks import inference_check_specs
+from .checks import EMPTY_PARTITION_POLICIES, inference_check_specs
 from .metadata import (
     answer_figures,
     batch_figures,
@@ -88,6 +88,10 @@ class AssetOptions:
         "failed_row_rate check: WARN above this share of failed rows.", 0.01)
     error_failed_rate: float = _option(
         "failed_row_rate check: ERROR above this share of failed rows.", 0.10)
+    empty_partition: Literal["warn", "error", "pass"] = _option(
+        "row_count_matches_input check of a partition without input rows (of an unpartitioned "
+        "asset: a run over an empty table): warn, error, or pass where empty days are normal.",
+        "warn")
     preview_rows: int = _option("How many rows the materialization's preview shows.", 5)
     key_columns: Sequence[str] | None = _option(
         "Input columns that identify a row (e.g. [call_id]); the metadata's table of failed "
@@ -167,6 +171,10 @@ def check_options(where: str, options: AssetOptions) -> None:
         raise dg.DagsterInvalidDefinitionError(
             f"{where}: need 0 <= warn_failed_rate <= error_failed_rate <= 1, got {warn!r} and "
             f"{error!r}.")
+    if options.empty_partition not in EMPTY_PARTITION_POLICIES:
+        raise dg.DagsterInvalidDefinitionError(
+            f"{where}: empty_partition is one of {list(EMPTY_PARTITION_POLICIES)}, got "
+            f"{options.empty_partition!r}.")
     if options.partition_column is not None and options.partitions_def is None:
         raise dg.DagsterInvalidDefinitionError(
             f"{where}: partition_column is only meaningful with partitions_def.")
@@ -348,7 +356,8 @@ def _materialize(where: str, options: AssetOptions, job: AssetJob,
             context, asset_key, table, results, source_table,
             partition_column=options.partition_column, key_columns=key_columns,
             warn_failed_rate=options.warn_failed_rate,
-            error_failed_rate=options.error_failed_rate, figures=figures, log_line=log_line)
+            error_failed_rate=options.error_failed_rate,
+            empty_partition=options.empty_partition, figures=figures, log_line=log_line)
 
     return _batchllm_asset
 
