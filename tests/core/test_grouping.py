@@ -115,6 +115,22 @@ def test_a_bad_item_fails_alone_with_the_servers_reason():
     # 1 request of 8, then halves down to the bad one: 8 -> 4+4 -> 2+2 -> 1+1
     assert len(sender.bodies) == 7
     assert sum(a.sent for a in attempts) == len(sender.bodies)
+    # The halves are sent to find the bad item, not retried; each item was sent, so counted.
+    assert sum(max(0, a.count - 1) for a in attempts) == 0
+    assert all(a.count == 1 for a in attempts)
+
+
+def test_a_half_retried_after_a_split_counts_that_retry_only():
+    class RetriesHalves(FakeSender):
+        async def send(self, request, attempts):
+            if len(json.loads(request.body)) == 2:
+                attempts.count += 1  # a 2-item half failed once and was retried by the loop
+            return await super().send(request, attempts)
+
+    delivery = GroupingDelivery(RetriesHalves(), UpperTask(items_per_request=4))
+    results, attempts = asyncio.run(send_all(delivery, ["a", "bad", "c", "d"]))
+    assert [isinstance(r, RowError) for r in results] == [False, True, False, False]
+    assert sum(max(0, a.count - 1) for a in attempts) == 2  # the two halves' retries
 
 
 def test_a_whole_request_failure_fails_every_item_without_splitting():

@@ -81,6 +81,23 @@ def test_a_row_the_model_rejects_fails_alone_with_the_models_reason(scoring):
     assert result.df["risk"].drop(index=17).tolist() == expected(1, good)
 
 
+def test_splitting_a_rejected_group_is_no_retry(scoring):
+    """One bad row among 72 in one group: the halves sent to find it are requests, not
+    retries (the example once reported 142 retries for this)."""
+    frame = feature_frame(72, seed=4)
+    frame["f1"] = frame["f1"].astype(object)
+    frame.loc[40, "f1"] = "forty"
+    client = scoring(("risk", "models:/risk@champion"))
+    result = client.predict(frame, model="risk", input_columns=FEATURES, output_column="risk",
+                            rows_per_request=72)
+    stats = result.stats
+    assert result.df["risk_error"].notna().tolist() == [i == 40 for i in range(72)]
+    assert stats.retries == 0 and stats.failed == 1 and stats.succeeded == 71
+    # Every predict() is a request: 72, then halves on the bad row's side down to it (36 + 36,
+    # 18 + 18, 9 + 9, 4 + 5, 2 + 3, 1 + 1).
+    assert stats.requests == stats.endpoints["in-process"]["requests"] == 13
+
+
 def test_a_rerun_scores_only_the_rows_not_in_the_ledger(scoring):
     frame = feature_frame(500, seed=11)
     client = scoring(("risk", "models:/risk@champion"))

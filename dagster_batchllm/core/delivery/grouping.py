@@ -175,8 +175,10 @@ class GroupingDelivery(DelegatingDelivery):
         group.items, group.waiters = [], []
 
     # -- sending -----------------------------------------------------------------------------
-    async def _deliver(self, items: list[RowRequest], waiters: list[_Slot]) -> None:
-        """Send ``items`` as one request and settle every waiter; split on an item's error."""
+    async def _deliver(self, items: list[RowRequest], waiters: list[_Slot], *,
+                       resend: bool = False) -> None:
+        """Send ``items`` as one request and settle every waiter; split on an item's error.
+        ``resend``: a half of a rejected group, whose items were counted when first sent."""
         attempts = Attempts()
         try:
             reply = await self.inner.send(self.task.group_request(items), attempts)
@@ -189,19 +191,20 @@ class GroupingDelivery(DelegatingDelivery):
             raise
         except RowError as exc:
             if len(items) > 1 and exc.error_type in _ITEM_ERRORS:
-                _count(waiters, attempts)
+                _count(waiters, attempts, resend)
                 half = len(items) // 2
-                await asyncio.gather(self._deliver(items[:half], waiters[:half]),
-                                     self._deliver(items[half:], waiters[half:]))
+                await asyncio.gather(
+                    self._deliver(items[:half], waiters[:half], resend=True),
+                    self._deliver(items[half:], waiters[half:], resend=True))
                 return
-            _count(waiters, attempts)
+            _count(waiters, attempts, resend)
             _fail_waiters(waiters, exc)
             return
         except Exception as exc:  # a bug in a task's split must not hang its items
-            _count(waiters, attempts)
+            _count(waiters, attempts, resend)
             _fail_waiters(waiters, InternalError(f"{type(exc).__name__}: {exc}"))
             return
-        _count(waiters, attempts)
+        _count(waiters, attempts, resend)
         for (waiter, index, item_attempts), item, part in zip(waiters, items, parts,
                                                               strict=True):
             if not isinstance(part, RowError):
@@ -211,12 +214,19 @@ class GroupingDelivery(DelegatingDelivery):
             waiter.settle(index, part)
 
 
-def _count(waiters: list[_Slot], attempts: Any) -> None:
+def _count(waiters: list[_Slot], attempts: Any, resend: bool) -> None:
     """Give each item the group's endpoint, and its attempts and HTTP requests once, on the
     first item, so the run's ``requests`` and ``retries`` figures count requests, not items;
-    the other items count one attempt (they were sent, so their answers are journaled)."""
+    the other items count one attempt (they were sent, so their answers are journaled).
+
+    A half of a rejected group (``resend``) is sent again to find the bad item, not retried:
+    its request counts in ``requests``, and only its own retries (attempts past its first)
+    in the items' attempts, which the run reads as ``retries``. Else one bad row among 72
+    would show as some 140 retries."""
+    first_counts = attempts.count - 1 if resend else attempts.count
+    others_count = 0 if resend else min(attempts.count, 1)
     for i, (_waiter, _index, item_attempts) in enumerate(waiters):
-        item_attempts.count += attempts.count if i == 0 else min(attempts.count, 1)
+        item_attempts.count += max(0, first_counts) if i == 0 else others_count
         item_attempts.endpoint = attempts.endpoint
         if i == 0:
             item_attempts.sent += attempts.sent
