@@ -7,6 +7,7 @@ deterministic function that is easy to write for a test.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import importlib
 import json
@@ -88,7 +89,8 @@ def schema_instance(schema: Any, text: str, root: Any = None, depth: int = 0) ->
 
     Covers what structured-output schemas use: objects (every property is emitted),
     arrays, enums, const, ``$ref`` into ``$defs``/``definitions``, ``anyOf``/``oneOf``/
-    ``allOf`` (first non-null branch), nullable type lists and simple length/range bounds.
+    ``allOf`` (first non-null branch), nullable type lists, simple length/range bounds and the
+    ``date`` and ``date-time`` string formats.
     """
     root = schema if root is None else root
     if not isinstance(schema, dict) or depth > _MAX_DEPTH:
@@ -127,6 +129,9 @@ def schema_instance(schema: Any, text: str, root: Any = None, depth: int = 0) ->
         return True
     if kind == "null":
         return None
+    if schema.get("format") in ("date", "date-time"):  # a day of 2024 the text picks
+        day = dt.date(2024, 1, 1) + dt.timedelta(days=stable_hash(text) % 366)
+        return day.isoformat() if schema["format"] == "date" else f"{day.isoformat()}T12:00:00Z"
     value = text[:200]
     if "maxLength" in schema:
         value = value[: int(schema["maxLength"])]
