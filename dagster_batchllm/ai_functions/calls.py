@@ -57,6 +57,10 @@ class BoundCall:
     # is NULL rather than a row error: Databricks' ai_classify and ai_analyze_sentiment return
     # NULL when they cannot classify. Errors of the request itself still fail the row.
     null_when_unreadable: bool = False
+    # ``response_format`` is ai_query's returnType asked of a chat model (schemas.
+    # return_type_format): an embedding or custom model, which answers in its own type, has no
+    # use for it, and an explicit responseFormat is refused there.
+    format_from_return_type: bool = False
 
     @cached_property
     def request_id(self) -> str:

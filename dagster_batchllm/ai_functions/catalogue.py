@@ -42,7 +42,7 @@ from .calls import (
     result_struct,
     return_type,
 )
-from .schemas import coerce_reply
+from .schemas import read_return_type, return_type_format
 from .types import FLOAT, STRING, SQLType, struct
 
 REQUIRED = object()
@@ -121,28 +121,44 @@ def _object_schema(**properties: Any) -> dict[str, Any]:
 
 
 # -- ai_query -----------------------------------------------------------------------------------
-def _ai_query_type(o: Mapping[str, Any]) -> SQLType:
+def _result_options(o: Mapping[str, Any]
+                    ) -> tuple[dict[str, Any] | None, SQLType | None, SQLType | None]:
+    """(the responseFormat to send, its SQL type, the returnType): checked, before any request.
+
+    Both at once is refused: on a chat model each asks for the reply's shape, and which one
+    should win is for the query to say, not for this function to guess.
+    """
     check_not_legacy(o)
-    fmt_type = response_format("ai_query", o.get("responseFormat"))[1]
-    result = fmt_type or return_type("ai_query", o.get("returnType")) or STRING
+    if o.get("returnType") is not None and o.get("responseFormat") is not None:
+        raise InferenceConfigError(
+            "ai_query: pass returnType or responseFormat, not both. On a chat model "
+            "returnType => 'BOOLEAN' (or 'ARRAY<STRING>', 'STRUCT<risk: STRING, score: INT>' "
+            "...) asks for that type as structured output, as responseFormat does with a JSON "
+            "schema; a custom (MLflow) model takes returnType only.")
+    fmt, fmt_type = response_format("ai_query", o.get("responseFormat"))
+    return fmt, fmt_type, return_type("ai_query", o.get("returnType"))
+
+
+def _ai_query_type(o: Mapping[str, Any]) -> SQLType:
+    _, fmt_type, declared = _result_options(o)
+    result = fmt_type or declared or STRING
     fail = as_bool("ai_query", "failOnError", o.get("failOnError"), True)
     return result if fail else result_struct(result)
 
 
 def _bind_ai_query(o: Mapping[str, Any]) -> BoundCall:
-    check_not_legacy(o)
-    fmt, fmt_type = response_format("ai_query", o["responseFormat"])
-    declared = return_type("ai_query", o["returnType"])
-    reader = None
-    if fmt is None and declared is not None and not declared.is_text:
-        reader = partial(coerce_reply, t=declared)  # an unstructured reply read as returnType
+    fmt, fmt_type, declared = _result_options(o)
+    typed = declared is not None and not declared.is_text
     return BoundCall(
         "ai_query",
-        params=model_parameters("ai_query", o["modelParameters"]),
-        response_format=fmt,
+        params=model_parameters("ai_query", o.get("modelParameters")),
+        # A chat model is asked for the returnType (a STRING is its plain reply); a custom
+        # model's prediction text is read as it (see schemas.read_return_type).
+        response_format=return_type_format(declared) if typed else fmt,
         result_type=fmt_type or declared or STRING,
-        fail_on_error=as_bool("ai_query", "failOnError", o["failOnError"], True),
-        reader=reader,
+        fail_on_error=as_bool("ai_query", "failOnError", o.get("failOnError"), True),
+        reader=partial(read_return_type, t=declared) if typed else None,
+        format_from_return_type=typed,
     )
 
 

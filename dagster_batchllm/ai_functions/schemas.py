@@ -1,5 +1,10 @@
 """SQL types and JSON: the schema to ask a model for, the type a schema means, reading replies.
 
+``ai_query``'s ``returnType`` on a chat model becomes a structured-output request
+(:func:`return_type_format`): the type's JSON schema, a STRUCT as it is and any other type as the
+one field ``value`` of an object, since structured-output APIs want an object at the root
+(OpenAI's strict mode refuses anything else). :func:`read_return_type` reads the reply back.
+
 Example::
 
     >>> from dagster_batchllm.ai_functions.schemas import to_json_schema, type_from_schema
@@ -50,6 +55,39 @@ def to_json_schema(t: SQLType) -> dict[str, Any]:
             "additionalProperties": False,
         }
     return {}  # JSON: any document
+
+
+RETURN_TYPE_FIELD = "value"  # the one field a non-STRUCT returnType is asked for in
+
+
+def return_type_format(t: SQLType) -> dict[str, Any]:
+    """The OpenAI ``response_format`` that asks a chat model for a value of ``returnType`` ``t``.
+
+    Example::
+
+        >>> from dagster_batchllm.ai_functions.types import parse_type
+        >>> fmt = return_type_format(parse_type("BOOLEAN"))
+        >>> fmt["json_schema"]["schema"]["properties"], fmt["json_schema"]["strict"]
+        ({'value': {'type': 'boolean'}}, True)
+    """
+    schema = to_json_schema(t)
+    if t.name != "STRUCT":
+        schema = {"type": "object", "properties": {RETURN_TYPE_FIELD: schema},
+                  "required": [RETURN_TYPE_FIELD], "additionalProperties": False}
+    # Strict mode needs every object closed and typed: a MAP (additionalProperties) or a JSON
+    # value (any document) cannot be said so, and a strict server would refuse the schema.
+    return {"type": "json_schema",
+            "json_schema": {"name": "return_type", "schema": schema, "strict": _closed(t)}}
+
+
+def _closed(t: SQLType) -> bool:
+    if t.name in ("MAP", "JSON"):
+        return False
+    if t.name == "ARRAY":
+        return _closed(t.args[0])
+    if t.name == "STRUCT":
+        return all(_closed(f.type) for f in t.args)
+    return True
 
 
 def _nullable(schema: dict[str, Any], nullable: bool) -> dict[str, Any]:
@@ -142,4 +180,48 @@ def coerce_reply(text: str, t: SQLType) -> Any:
     if error is not None:
         raise StructuredOutputError(
             f"the reply is not a {t.ddl()} (returnType): {error.message[:160]}")
+    return value
+
+
+def read_return_type(output: Any, t: SQLType) -> Any:
+    """A reply as a value of ``returnType`` ``t``; :class:`StructuredOutputError` if it is not.
+
+    A chat model was asked for ``t`` (:func:`return_type_format`), and its reply arrives parsed
+    and checked against that schema: a STRUCT is the value, any other type its ``value`` field.
+    A custom (MLflow) model's prediction arrives as text, read by :func:`coerce_reply`.
+
+    Example::
+
+        >>> from dagster_batchllm.ai_functions.types import parse_type
+        >>> read_return_type({"value": [1.0, 2]}, parse_type("ARRAY<INT>"))
+        [1, 2]
+        >>> read_return_type("0.93", parse_type("DOUBLE"))
+        0.93
+    """
+    if isinstance(output, str):
+        return coerce_reply(output, t)
+    value = output if t.name == "STRUCT" else output[RETURN_TYPE_FIELD]
+    return _conform(value, t)
+
+
+def _conform(value: Any, t: SQLType) -> Any:
+    """What the JSON schema leaves open: a date that is no date (``format`` is not checked), an
+    integer written ``3.0`` (valid JSON Schema, which engines' JSON readers may refuse)."""
+    if value is None:
+        return None
+    if t.name in INT_BITS and isinstance(value, float):
+        return int(value)  # the schema admitted it, so it is integral
+    if t.name in ("DATE", "TIMESTAMP"):
+        parse = dt.date.fromisoformat if t.name == "DATE" else dt.datetime.fromisoformat
+        try:
+            parse(value)
+        except (TypeError, ValueError):
+            raise StructuredOutputError(
+                f"the reply is not a {t.ddl()} (returnType): {str(value)[:120]!r}") from None
+    if t.name == "ARRAY":
+        return [_conform(v, t.args[0]) for v in value]
+    if t.name == "MAP":
+        return {k: _conform(v, t.args[1]) for k, v in value.items()}
+    if t.name == "STRUCT":
+        return {f.name: _conform(value.get(f.name), f.type) for f in t.args}
     return value

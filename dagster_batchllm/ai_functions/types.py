@@ -68,15 +68,24 @@ class SQLType:
 
     def ddl(self) -> str:
         """The Databricks spelling, e.g. ``ARRAY<STRUCT<name: STRING>>``."""
+        return self._spelled(json="JSON")
+
+    def spark_ddl(self) -> str:
+        """The Spark SQL spelling: Databricks' but for JSON (VARIANT), which is its JSON text."""
+        return self._spelled(json="STRING")
+
+    def _spelled(self, json: str) -> str:
+        if self.name == "JSON":
+            return json
         if self.name == "DECIMAL":
             return f"DECIMAL({self.args[0]},{self.args[1]})"
         if self.name == "ARRAY":
-            return f"ARRAY<{self.args[0].ddl()}>"
+            return f"ARRAY<{self.args[0]._spelled(json)}>"
         if self.name == "MAP":
-            return f"MAP<{self.args[0].ddl()}, {self.args[1].ddl()}>"
+            return f"MAP<{self.args[0]._spelled(json)}, {self.args[1]._spelled(json)}>"
         if self.name == "STRUCT":
             fields = ", ".join(
-                f"{_ddl_name(f.name)}: {f.type.ddl()}{'' if f.nullable else ' NOT NULL'}"
+                f"{_ddl_name(f.name)}: {f.type._spelled(json)}{'' if f.nullable else ' NOT NULL'}"
                 for f in self.args)
             return f"STRUCT<{fields}>"
         return self.name

@@ -86,9 +86,6 @@ class Runtime:
         if endpoint not in served and function == "ai_query" and is_scoring_model(settings,
                                                                                    endpoint):
             return endpoint  # a traditional ML model (MLflow): see sql/scoring.py
-        if endpoint not in served and function == "ai_query" and is_scoring_model(settings,
-                                                                                   endpoint):
-            return endpoint  # a traditional ML model (MLflow): see sql/scoring.py
         if endpoint not in served:
             raise InferenceConfigError(
                 f"{function}: argument 'endpoint' names '{endpoint}', which no configured "
@@ -204,7 +201,8 @@ class Runtime:
                      ) -> list[tuple[Any, str | None]]:
         import pandas as pd
 
-        if call.params or call.response_format is not None:
+        if call.params or (call.response_format is not None
+                           and not call.format_from_return_type):
             raise InferenceConfigError(
                 f"{call.function}: '{model}' is an embedding model: it takes no "
                 "modelParameters or responseFormat (only failOnError).")

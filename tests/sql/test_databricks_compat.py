@@ -97,6 +97,7 @@ def test_a_failed_request_still_fails_the_task_function_without_offering_failone
 def test_an_unreadable_reply_still_fails_ai_query_with_a_return_type(sim, make_client, duck):
     """ai_query keeps Databricks' failOnError: a reply that is not the returnType fails it."""
     register_ai_functions(duck, make_client(sim))
+    sim.script("bad_structured")  # the first request's reply is not JSON
 
     with pytest.raises(Exception, match="failOnError is true"):
         duck.execute("SELECT ai_query('sim-model', x, returnType := 'INT') FROM t").fetchall()

@@ -185,15 +185,17 @@ def test_response_format_json_schema_returns_a_struct(sim, make_client, con):
 
 
 def test_return_type_reads_the_reply(make_client, con):
+    """A chat model is asked for {"value": <the type>}: a reply that fits is the value, free
+    text is the row's error (tests/sql/test_sql_return_types.py has the rest)."""
     with SimulatedEndpoint(responder=Verbatim()) as verbatim:
         register_ai_functions(con, make_client(verbatim))
-        rows = con.sql("SELECT ai_query('sim-model', x, returnType := 'INT', "
-                       "failOnError := false) FROM (VALUES ('42'), ('forty-two')) v(x) "
-                       "ORDER BY x").fetchall()
-    assert rows[0][0] == {"result": 42, "errorMessage": None}
-    assert rows[1][0]["result"] is None
-    assert rows[1][0]["errorMessage"].startswith("invalid_structured_output: the reply is not "
-                                                 "a INT (returnType)")
+        rows = dict(con.sql("SELECT x, ai_query('sim-model', x, returnType := 'INT', "
+                            "failOnError := false) FROM (VALUES ('{\"value\": 42}'), "
+                            "('forty-two')) v(x)").fetchall())
+    assert rows['{"value": 42}'] == {"result": 42, "errorMessage": None}
+    assert rows["forty-two"]["result"] is None
+    assert rows["forty-two"]["errorMessage"].startswith(
+        "invalid_structured_output: the reply is not valid JSON: 'forty-two'")
 
 
 def test_model_parameters_are_sent(make_client, con):
