@@ -4,8 +4,9 @@ Three doors onto the same executor code (:mod:`.worker`), which answers one Arro
 group at a time through :class:`~dagster_batchllm.core.client.InferenceClient`:
 
 * :func:`register_ai_functions` registers ``ai_query`` in Spark SQL with Databricks' signature,
-  so the Databricks example query runs in ``spark.sql(...)`` unchanged. It returns STRING, or
-  ``STRUCT<result: STRING, errorMessage: STRING>`` with ``failOnError => false``. It also
+  so the Databricks example query runs in ``spark.sql(...)`` unchanged. It returns STRING (or
+  the ``returnType``, asked of a chat model as structured output), or ``STRUCT<result: STRING,
+  errorMessage: STRING>`` with ``failOnError => false``. It also
   registers the Databricks AI functions (``ai_summarize``, ``ai_classify``, ``ai_extract``,
   ``ai_analyze_sentiment``, ``ai_translate``, ``ai_fix_grammar``, ``ai_mask``, ``ai_gen``,
   ``ai_similarity``) from the SQL module's catalogue (see :mod:`.functions`).

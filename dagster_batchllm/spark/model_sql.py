@@ -57,10 +57,8 @@ def scoring_expression(ai: Any, model: str, arguments: dict[str, Any]) -> Any:
                 f"named_struct('feature', value, ...), got a {kind.simpleString()} request")
         names = [single]
         expressions = jvm.org.apache.spark.sql.catalyst.expressions
-        string_type = getattr(getattr(jvm.org.apache.spark.sql.types, "StringType$"), "MODULE$")
-        name = expressions.Literal(jvm.org.apache.spark.unsafe.types.UTF8String.fromString(
-            single), string_type)
-        request = expressions.CreateNamedStruct(_seq(jvm, [name, request]))
+        request = expressions.CreateNamedStruct(
+            scala_seq(jvm, [string_literal(jvm, single), request]))
     declared = constant(arguments["returnType"]) if "returnType" in arguments else None
     result_type = parse_type(str(declared)).ddl().lower() if declared else "string"
     fail = "failOnError" not in arguments or constant(arguments["failOnError"]) is not False
@@ -73,10 +71,18 @@ def scoring_expression(ai: Any, model: str, arguments: dict[str, Any]) -> Any:
     output = result_type if fail else \
         f"struct<{RESULT_FIELD}: {result_type}, {ERROR_FIELD}: string>"
     udf = pandas_udf(scalar_function(job, names), output).asNondeterministic()
-    return udf._unwrapped._judf.builder(_seq(jvm, [request]))
+    return udf._unwrapped._judf.builder(scala_seq(jvm, [request]))
 
 
-def _seq(jvm: Any, items: list[Any]) -> Any:
+def string_literal(jvm: Any, text: str) -> Any:
+    """A Catalyst STRING literal."""
+    string_type = getattr(getattr(jvm.org.apache.spark.sql.types, "StringType$"), "MODULE$")
+    return jvm.org.apache.spark.sql.catalyst.expressions.Literal(
+        jvm.org.apache.spark.unsafe.types.UTF8String.fromString(text), string_type)
+
+
+def scala_seq(jvm: Any, items: list[Any]) -> Any:
+    """A Scala ``Seq`` of these Java objects (expressions, for a function builder)."""
     listed = jvm.java.util.ArrayList()
     for item in items:
         listed.add(item)

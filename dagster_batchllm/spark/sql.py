@@ -4,8 +4,14 @@ Databricks' ``ai_query`` returns a STRING, or ``STRUCT<result: STRING, errorMess
 when called with ``failOnError => false``: the result type depends on an argument's value. A
 Python UDF has one fixed type, so ``ai_query`` is registered with a function *builder* that Spark
 calls while it analyses each query: it reads the constant arguments, checks them (an unserved
-model, a non-constant ``failOnError`` or a ``returnType`` other than STRING fail the query before
-any task starts) and hands the call to one of two pandas UDFs, the STRING one or the STRUCT one.
+model, a non-constant ``failOnError``, a ``returnType`` that is no type, ``returnType`` and
+``responseFormat`` together fail the query before any task starts) and hands the call to one of
+the pandas UDFs, the STRING one or the STRUCT one. A ``returnType`` other than STRING
+(``'BOOLEAN'``, ``'ARRAY<STRING>'``, ``'STRUCT<risk: STRING, score: INT>'`` ...) asks a chat
+model for that type (the catalogue's JSON schema, as on DuckDB and SQLite): the typed UDF gives
+each row's result and error as JSON text and ``from_json`` makes it the type
+(:func:`typed_expression`), or ``STRUCT<result: T, errorMessage: STRING>`` with ``failOnError
+=> false``; a reply that does not fit is the row's error.
 The older form of Databricks' earlier reference page, options as name/value pairs
 (``ai_query('qa_bot', prompt, 'returnType', 'STRING')``), is read as named options. A request
 that is NULL, empty or only whitespace gives NULL without being sent. Spark calls the builder
@@ -33,14 +39,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from ..ai_functions.calls import result_struct, return_type
 from ..ai_functions.catalogue import AI_QUERY, legacy_options
+from ..ai_functions.types import SQLType
 from ..core.errors import InferenceConfigError
 from . import documents, functions, worker
 from .builders import register_builder
 from .embeddings import EmbeddingQueries
-from .job import RESULT_STRUCT_DDL
+from .job import RESULT_FIELD, RESULT_STRUCT_DDL
 from .model_sql import constant as _constant
-from .model_sql import scoring_expression, scoring_model
+from .model_sql import scala_seq, scoring_expression, scoring_model, string_literal
 from .session import SparkAI
 
 PARAMETERS = ("endpoint", "request", "returnType", "failOnError", "modelParameters",
@@ -50,7 +58,6 @@ SIGNATURE = ("ai_query(endpoint, request [, returnType] [, failOnError] [, model
 # files => content: each row's image, as BINARY (read_files/binaryFile's content) or a STRING
 # path or URL, or an ARRAY of those (a document's pages).
 _FILE_TYPES = frozenset({"binary", "string"})
-_TEXT_TYPES = frozenset({"STRING", "VARCHAR", "TEXT"})
 
 
 def register_ai_functions(spark: Any, resource_or_settings: Any, *,
@@ -82,8 +89,11 @@ def register_ai_functions(spark: Any, resource_or_settings: Any, *,
     as_struct = pandas_udf(
         worker.sql_function(job.replace(fail_on_error=False), struct=True), RESULT_STRUCT_DDL,
     ).asNondeterministic()
+    # failOnError is read from its argument: one typed UDF serves every returnType.
+    as_typed = pandas_udf(worker.typed_sql_function(job), "string").asNondeterministic()
     builder = AIQueryBuilder(ai, as_text._unwrapped._judf, as_struct._unwrapped._judf,
-                             embeddings=EmbeddingQueries(ai))
+                             embeddings=EmbeddingQueries(ai),
+                             as_typed=as_typed._unwrapped._judf)
     register_builder(spark, "ai_query", builder)
     ai.sql_builder = builder  # Spark's registry holds only a py4j proxy of it
     ai.function_builders = functions.register(spark, ai, job)  # kept alive for the same reason
@@ -99,11 +109,12 @@ class AIQueryBuilder:
     """
 
     def __init__(self, ai: SparkAI, as_text: Any, as_struct: Any,
-                 embeddings: EmbeddingQueries | None = None):
+                 embeddings: EmbeddingQueries | None = None, as_typed: Any = None):
         self.ai = ai
         self.as_text = as_text
         self.as_struct = as_struct
         self.embeddings = embeddings  # the ARRAY<FLOAT> UDFs for embedding models
+        self.as_typed = as_typed  # JSON text of result and error, for a returnType
 
     def apply(self, expressions: Any) -> Any:
         arguments, pairs = _arguments(expressions)
@@ -111,16 +122,23 @@ class AIQueryBuilder:
         if model is not None:  # a traditional ML model: its features from a named_struct
             return scoring_expression(self.ai, model, arguments)
         chosen = self._embedding_udf(arguments)
-        no_files = False
+        no_files, typed = False, None
         if chosen is None:
             fail_on_error = _check(self.ai, arguments)
-            chosen = self.as_text if fail_on_error else self.as_struct
+            typed = _typed_result(arguments)
+            if typed is not None:
+                chosen = self.as_typed
+            else:
+                chosen = self.as_text if fail_on_error else self.as_struct
             no_files = _null_literal(arguments.get("files"))
             if no_files:  # files => NULL: no files (DuckDB's default), not NULL for every row
                 del arguments["files"]
         if pairs or no_files:  # the UDF reads options by position or name: hand them by name
             expressions = _named_arguments(self.ai.spark, arguments)
-        return chosen.builder(expressions)
+        if typed is None:
+            return chosen.builder(expressions)
+        return typed_expression(self.ai.spark, chosen.builder(expressions), typed,
+                                fail_on_error)
 
     def _embedding_udf(self, arguments: dict[str, Any]) -> Any:
         """The embedding UDF when the (constant) endpoint names an embedding model."""
@@ -202,12 +220,9 @@ def _check(ai: SparkAI, arguments: dict[str, Any]) -> bool:
         if name in arguments and not arguments[name].foldable():
             raise InferenceConfigError(
                 f"ai_query: '{name}' must be a constant (the same for every row).")
-    if "returnType" in arguments:
-        declared = _constant(arguments["returnType"])
-        if declared is not None and str(declared).strip().upper() not in _TEXT_TYPES:
-            raise InferenceConfigError(
-                f"ai_query on Spark returns STRING, got returnType {declared!r}; ask for JSON "
-                "with responseFormat and parse it with from_json.")
+    # The options that shape the result, checked by the catalogue (as on DuckDB and SQLite).
+    AI_QUERY.result_type({name: _constant(arguments[name]) for name in
+                          ("returnType", "failOnError", "responseFormat") if name in arguments})
     if "files" in arguments and not _null_literal(arguments["files"]):
         data_type = arguments["files"].dataType()
         element = (data_type.elementType() if data_type.typeName() == "array" else data_type)
@@ -228,3 +243,26 @@ def _check(ai: SparkAI, arguments: dict[str, Any]) -> bool:
 
 def _null_literal(expression: Any) -> bool:
     return expression is not None and expression.dataType().typeName() in ("void", "null")
+
+
+def _typed_result(arguments: dict[str, Any]) -> SQLType | None:
+    """The returnType a chat model is asked for; None for STRING (its plain reply) or none."""
+    declared = return_type("ai_query", _constant(arguments["returnType"])
+                           if "returnType" in arguments else None)
+    return None if declared is None or declared.is_text else declared
+
+
+def typed_expression(spark: Any, udf: Any, result: SQLType, fail_on_error: bool) -> Any:
+    """``from_json`` of the typed UDF's JSON text: ``STRUCT<result: T, errorMessage: STRING>``,
+    or its ``result`` field when failOnError is true (a failed row has failed the task then).
+
+    Built from Spark's builtin ``from_json``, which the analyzer then resolves as any call.
+    """
+    jvm = spark._jvm
+    catalyst = jvm.org.apache.spark.sql.catalyst
+    schema = string_literal(jvm, result_struct(result).spark_ddl())
+    parsed = catalyst.analysis.FunctionRegistry.builtin().lookupFunction(
+        catalyst.FunctionIdentifier("from_json"), scala_seq(jvm, [udf, schema]))
+    if not fail_on_error:
+        return parsed
+    return catalyst.expressions.GetStructField(parsed, 0, jvm.scala.Some(RESULT_FIELD))

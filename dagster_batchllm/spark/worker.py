@@ -34,8 +34,9 @@ import numpy as np
 import pandas as pd
 
 from ..ai_functions.calls import sendable
+from ..ai_functions.catalogue import AI_QUERY, read_result
 from ..ai_functions.documents import parse_document_value
-from ..ai_functions.outcomes import AIQueryError
+from ..ai_functions.outcomes import AIQueryError, with_error
 from ..core.client import InferenceClient
 from ..core.errors import DeferredError, ErrorType, RowError
 from ..core.run.prompts import iter_row_requests, row_tuples
@@ -86,8 +87,37 @@ def run_scalar(job: SparkJob, struct: bool, models: pd.Series, prompts: pd.Serie
     ``files``, ``ai_query_col``'s ``images``) holds each row's image: its bytes (a BINARY
     column), a path or a URL, or a list of those; a row whose file is NULL gives NULL unsent.
     """
-    n = len(prompts)
     job = _with_sql_options(job, model_parameters, response_format)
+    outputs, errors = _answer_rows(job, models, prompts, files)
+    return batch_column([as_sql_text(o) for o in outputs], errors,
+                        fail_on_error=job.fail_on_error, struct=struct)
+
+
+def run_typed(job: SparkJob, models: pd.Series, prompts: pd.Series, return_type: pd.Series,
+              fail_on_error: pd.Series | None = None, model_parameters: Any = None,
+              files: pd.Series | None = None) -> pd.Series:
+    """One Arrow batch of ``ai_query`` with a ``returnType``: each row's ``{"result": value,
+    "errorMessage": error}`` as JSON text, which the query reads with ``from_json`` into the
+    type (see :func:`dagster_batchllm.spark.sql.typed_expression`).
+
+    The catalogue's ``ai_query`` asks the model for the type and reads its reply, as on DuckDB
+    and SQLite; a reply that does not fit is the row's error.
+    """
+    call = AI_QUERY.bind({"returnType": first_value(return_type),
+                          "failOnError": plain_value(first_value(fail_on_error))})
+    job = _with_sql_options(job, model_parameters, None)
+    job = job.replace(call=call.inference_call(job.call), fail_on_error=call.fail_on_error)
+    outputs, errors = _answer_rows(job, models, prompts, files)
+    read = [read_result(call, o, e) for o, e in zip(outputs, errors, strict=True)]
+    return batch_column([with_error(v, e) for v, e in read], [e for _, e in read],
+                        fail_on_error=call.fail_on_error, struct=False)
+
+
+def _answer_rows(job: SparkJob, models: pd.Series, prompts: pd.Series,
+                 files: pd.Series | None) -> tuple[list[Any], list[str | None]]:
+    """Each row's raw output and error; rows with a NULL or blank prompt (or a NULL file)
+    are (None, None), unsent."""
+    n = len(prompts)
     present = np.fromiter((sendable(p) for p in prompts), dtype=bool, count=n)
     if files is not None:
         present &= np.fromiter((not _is_null(f) for f in files), dtype=bool, count=n)
@@ -102,13 +132,11 @@ def run_scalar(job: SparkJob, struct: bool, models: pd.Series, prompts: pd.Serie
         }
         if files is not None:
             columns[FILES_COLUMN] = [_file_cell(f) for f in files[present].tolist()]
-        frame = pd.DataFrame(columns)
-        answered, failed = answer_frame(job, frame)
-        positions = present.nonzero()[0]
-        for pos, out, err in zip(positions, answered, failed, strict=True):
-            outputs[pos] = as_sql_text(out)
+        answered, failed = answer_frame(job, pd.DataFrame(columns))
+        for pos, out, err in zip(present.nonzero()[0], answered, failed, strict=True):
+            outputs[pos] = out
             errors[pos] = err
-    return batch_column(outputs, errors, fail_on_error=job.fail_on_error, struct=struct)
+    return outputs, errors
 
 
 def run_group(job: SparkJob, pdf: pd.DataFrame, *, model_column: str, output_column: str,
@@ -324,6 +352,17 @@ def sql_function(job: SparkJob, struct: bool):
                  modelParameters=None, responseFormat=None, files=None):
         return run_scalar(job, struct, endpoint, request, modelParameters, responseFormat,
                           files)
+
+    return ai_query
+
+
+def typed_sql_function(job: SparkJob):
+    """The body of the SQL ``ai_query`` with a ``returnType`` (see :func:`run_typed`)."""
+
+    def ai_query(endpoint, request, returnType=None, failOnError=None,
+                 modelParameters=None, responseFormat=None, files=None):
+        return run_typed(job, endpoint, request, returnType, failOnError, modelParameters,
+                         files)
 
     return ai_query
 

@@ -76,7 +76,7 @@ def test_the_older_name_value_form_runs_in_spark_sql(spark, texts, make_settings
 @pytest.mark.parametrize("arguments, message", [
     ("'returnType'", "has no value"),
     ("'returntype', 'STRING'", "names are case-sensitive"),
-    ("'returnType', 'INT'", "returns STRING"),
+    ("'returnType', 'NUMBER'", "unknown type 'NUMBER'"),
 ])
 def test_malformed_name_value_pairs_fail_before_any_request(texts, fails_before_sending,
                                                             arguments, message):

@@ -111,7 +111,8 @@ def test_model_parameters_and_response_format_reach_the_endpoint(spark, transcri
 
 @pytest.mark.parametrize("query, message", [
     ("ai_query('gpt-unknown', transcript_raw_text)", "no configured endpoint serves"),
-    ("ai_query('llama-70b', transcript_raw_text, returnType => 'INT')", "returns STRING"),
+    ("ai_query('llama-70b', transcript_raw_text, returnType => 'INTEGRAL')",
+     "unknown type 'INTEGRAL'"),
     ("ai_query('llama-70b', transcript_raw_text, failOnError => call_id = 'c1')",
      "must be a constant"),
     ("ai_query('llama-70b', transcript_raw_text, temperature => 0.1)", "has no parameter"),
