@@ -86,9 +86,8 @@ def _register(client, experiment_id: str, name: str, model, example: pd.DataFram
     with mlflow_uris(REGISTRY_URI):
         with mlflow.start_run(experiment_id=experiment_id, run_name=name):
             mlflow.log_metric("training_accuracy", accuracy)
-            info = mlflow.sklearn.log_model(
-                model, name="model", input_example=example,
-                serialization_format=mlflow.sklearn.SERIALIZATION_FORMAT_CLOUDPICKLE)
+            # MLflow 3's default format, skops: no pickle; a load refuses types it does not trust.
+            info = mlflow.sklearn.log_model(model, name="model", input_example=example)
         if not client.search_registered_models(filter_string=f"name = '{name}'"):
             client.create_registered_model(name)
         version = client.create_model_version(name, info.model_uri, run_id=info.run_id).version

@@ -46,15 +46,18 @@ class LocalRegistry:
             yield run
 
     def log_sklearn(self, name: str, model: Any, *, input_example: Any,
-                    alias: str | None = None) -> str:
+                    alias: str | None = None,
+                    serialization_format: str | None = "cloudpickle") -> str:
         """Log a fitted scikit-learn model, register it as a new version of ``name``; the
-        version (and ``alias`` moved to it)."""
+        version (and ``alias`` moved to it). ``serialization_format``: None for MLflow's
+        default (skops in MLflow 3)."""
         import mlflow.sklearn
 
+        formats = {} if serialization_format is None else \
+            {"serialization_format": serialization_format}
         with self._logging() as run:
-            info = mlflow.sklearn.log_model(
-                model, name="model", input_example=input_example,
-                serialization_format=mlflow.sklearn.SERIALIZATION_FORMAT_CLOUDPICKLE)
+            info = mlflow.sklearn.log_model(model, name="model", input_example=input_example,
+                                            **formats)
         return self._register(name, info.model_uri, run.info.run_id, alias)
 
     def log_pyfunc(self, name: str, python_model: Any, *, input_example: Any = None,

@@ -98,6 +98,41 @@ def test_splitting_a_rejected_group_is_no_retry(scoring):
     assert stats.requests == stats.endpoints["in-process"]["requests"] == 13
 
 
+def test_models_saved_in_mlflows_default_skops_format_score(scoring, tmp_path):
+    """MLflow 3 saves scikit-learn models with skops unless told otherwise: a plain model and
+    a text pipeline (TF-IDF, as the example's) load and score, a bad row failing alone."""
+    from mlflow.models import Model
+
+    from dagster_batchllm.simulator.mlflow_registry import LocalRegistry, fit_intent_model
+
+    registry = LocalRegistry(tmp_path / "skops")
+    registry.log_sklearn("risk", fit_risk_model(1), input_example=feature_frame(3),
+                         serialization_format=None)
+    texts = ["refund my order please", "the app broke again", "what are your hours",
+             "i want my money back", "this is broken", "when do you open"]
+    labels = ["refund", "complaint", "inquiry"] * 2
+    registry.log_sklearn("intent", fit_intent_model(texts, labels),
+                         input_example=pd.DataFrame({"text": texts[:2]}),
+                         serialization_format=None)
+    path = registry.local_path("risk", "1", tmp_path / "risk_v1")
+    assert Model.load(f"{path}/MLmodel").flavors["sklearn"]["serialization_format"] == "skops"
+    client = scoring(("risk", "models:/risk/1"), ("intent", "models:/intent/1"),
+                     registry=registry)
+    frame = feature_frame(30, seed=8)
+    frame["f1"] = frame["f1"].astype(object)
+    frame.loc[3, "f1"] = "three"
+    risk = client.predict(frame, model="risk", input_columns=FEATURES, output_column="risk")
+    assert risk.df["risk_error"].notna().tolist() == [i == 3 for i in range(30)]
+    good = frame.drop(index=3).astype({"f1": float})
+    assert risk.df["risk"].drop(index=3).tolist() == expected(1, good)
+    asked = pd.DataFrame({"text": ["please refund my order", "it broke", "opening hours?"]})
+    intent = client.predict(asked, model="intent", input_columns=["text"],
+                            output_column="intent")
+    assert intent.df["intent_error"].isna().all()
+    assert intent.df["intent"].tolist() == \
+        fit_intent_model(texts, labels).predict(asked).tolist()
+
+
 def test_a_rerun_scores_only_the_rows_not_in_the_ledger(scoring):
     frame = feature_frame(500, seed=11)
     client = scoring(("risk", "models:/risk@champion"))
