@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "build_inference_asset": "dagster_batchllm.factories.inference",
     "BatchInferenceComponent": "dagster_batchllm.components.inference",
+    "BatchEmbeddingComponent": "dagster_batchllm.components.embedding",
     "ModelScoringComponent": "dagster_batchllm.components.scoring",
     "build_retry_partitions_sensor": "dagster_batchllm.sensors",
     "build_new_data_sensor": "dagster_batchllm.sensors",
@@ -44,6 +45,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "BatchEmbeddingComponent",
     "BatchInferenceComponent",
     "BatchInferenceResource",
     "BatchLLMError",
@@ -76,6 +78,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from .components.embedding import BatchEmbeddingComponent
     from .components.inference import BatchInferenceComponent
     from .components.scoring import ModelScoringComponent
     from .core.client import InferenceClient

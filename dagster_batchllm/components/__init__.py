@@ -1,6 +1,7 @@
-"""Components: inference and scoring assets declared in ``defs.yaml``."""
+"""Components: inference, embedding and scoring assets declared in ``defs.yaml``."""
 
+from .embedding import BatchEmbeddingComponent
 from .inference import BatchInferenceComponent
 from .scoring import ModelScoringComponent
 
-__all__ = ["BatchInferenceComponent", "ModelScoringComponent"]
+__all__ = ["BatchEmbeddingComponent", "BatchInferenceComponent", "ModelScoringComponent"]

@@ -12,7 +12,7 @@ for the factory or the call.
 import dataclasses
 import typing
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import dagster as dg
 from dagster.components.resolved.core_models import (
@@ -145,7 +145,15 @@ def with_attributes(*groups: list[Attribute]) -> Callable[[type], type]:
     return decorate
 
 
-# A Component's `external_source` attribute (both Components have it).
+# How a Component's asset sends its requests (the factories' mode= and wait=).
+BatchMode = Annotated[Literal["online", "batch_api"], dg.Resolver.default(
+    description="'online' (each row a request now) or 'batch_api' (the provider's offline "
+    "batch API, about half the price; an endpoint with batch_api: true).")]
+BatchWait = Annotated[bool, dg.Resolver.default(
+    description="With mode batch_api: poll until the batches are answered (true), or end the "
+    "run once they are submitted, the rows deferred (false; see batch_collect).")]
+
+# A Component's `external_source` attribute (every Component has it).
 ExternalSource = Annotated[bool, dg.Resolver.default(
     description="The source is a table this project does not materialize (a warehouse table, "
     "another code location's asset): declare it as an external asset (an AssetSpec of that "

@@ -9,7 +9,7 @@ call's attributes are the fields of :class:`~dagster_batchllm.core.tasks.chat.ca
 """
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import dagster as dg
 
@@ -19,6 +19,8 @@ from ..factories.inference import build_inference_asset
 from ..sensors.batches import build_batch_collect_sensor
 from ..sensors.retry_partitions import build_retry_partitions_sensor
 from .attributes import (
+    BatchMode,
+    BatchWait,
     ExternalSource,
     call_field_attributes,
     external_source_specs,
@@ -142,14 +144,8 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
     retry_partitions: Annotated[RetryPartitionsSensorArgs | None, dg.Resolver.default(
         description="Also build a sensor that re-materializes the partitions with failed or "
         "deferred rows.")] = None
-    mode: Annotated[Literal["online", "batch_api"], dg.Resolver.default(
-        description="'online' (each row a request now) or 'batch_api' (the provider's "
-        "offline batch API, about half the price; an endpoint with batch_api: true).",
-    )] = "online"
-    wait: Annotated[bool, dg.Resolver.default(
-        description="With mode batch_api: poll until the batches are answered (true), or end "
-        "the run once they are submitted, the rows deferred (false; see batch_collect).",
-    )] = True
+    mode: BatchMode = "online"
+    wait: BatchWait = True
     batch_collect: Annotated[BatchCollectSensorArgs | None, dg.Resolver.default(
         description="Also build a sensor that re-materializes a partition when the batches its "
         "rows wait for end (mode batch_api, wait false).")] = None

@@ -112,6 +112,7 @@ def test_component_is_in_the_dg_registry():
     assert any(ep.value == "dagster_batchllm" for ep in entry_points)
     registered = dict(get_package_objects_in_module(dagster_batchllm))
     assert registered == {"BatchInferenceComponent": BatchInferenceComponent,
+                          "BatchEmbeddingComponent": dagster_batchllm.BatchEmbeddingComponent,
                           "ModelScoringComponent": dagster_batchllm.ModelScoringComponent}
     # Everything the YAML can say is in the component's schema, with `model` under its own name.
     schema = BatchInferenceComponent.model().model_json_schema()
