@@ -158,7 +158,7 @@ def test_the_bash_block_runs_the_example_on_the_given_endpoints(endpoints, tmp_p
     [first, real_servers] = _blocks_of("README.md", "bash")
     assert "pytest" in first  # the two commands CI runs itself
     assert _text("README.md").split("\n", 3)[2] == "```bash"  # and they open the README
-    for name in ("run_example.py", "definitions.py", "workspace.yaml"):
+    for name in ("run_example.py", "definitions.py", "workspace.yaml", "dagster.yaml"):
         shutil.copy(ROOT / name, tmp_path / name)
     for folder in ("assets", "resources"):
         shutil.copytree(ROOT / folder, tmp_path / folder,
@@ -167,7 +167,7 @@ def test_the_bash_block_runs_the_example_on_the_given_endpoints(endpoints, tmp_p
     for sim in endpoints:
         sim.reset_stats()
     env = _env()
-    env.pop("DAGSTER_HOME", None)  # the example's own, under the copied folder
+    env.pop("DAGSTER_HOME", None)  # the copied dagster.yaml's, under the copied folder
     env["BATCHLLM_API_KEY"] = "sk-example"
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", _pointed_at(real_servers, endpoints)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
