@@ -23,6 +23,7 @@ _LAZY = {
     "BatchInferenceResource": "dagster_batchllm.resource",
     "Endpoint": "dagster_batchllm.resource",
     "ModelPrice": "dagster_batchllm.resource",
+    "Price": "dagster_batchllm.core.pricing",
     "MlflowModel": "dagster_batchllm.resource",
     "build_scoring_asset": "dagster_batchllm.factories.scoring",
     "build_model_version_asset": "dagster_batchllm.factories.scoring",
@@ -66,6 +67,7 @@ __all__ = [
     "stats_metadata",
     "ManagedEndpoint",
     "ModelPrice",
+    "Price",
     "ModelScoringComponent",
     "MlflowModel",
     "PredictionResult",
@@ -84,6 +86,7 @@ if TYPE_CHECKING:
     from .core.client import InferenceClient
     from .core.errors import BatchLLMError, ErrorType, InferenceConfigError
     from .core.ledger.table import Ledger
+    from .core.pricing import Price
     from .core.results import InferenceEstimate, InferenceResult, InferenceStats
     from .core.settings import EndpointSpec, InferenceSettings
     from .core.tasks.embed.call import EmbedCall

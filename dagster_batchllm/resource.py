@@ -12,7 +12,7 @@ import dagster as dg
 from dagster._config.field import Field as ConfigField
 from dagster._config.field_utils import Shape
 from dagster._core.definitions.definition_config_schema import DefinitionConfigSchema
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, field_validator
 
 from .core.client import InferenceClient
 from .core.errors import InferenceConfigError
@@ -22,6 +22,7 @@ from .core.tasks.chat.call import InferenceCall
 from .core.tasks.embed.call import EmbedCall
 from .factories.context import read_context
 from .managed.start import ManagedEndpointSpec, RunningEndpoint, start_managed
+from .price_config import EndpointPrice, as_price_config, spec_prices
 
 
 def _declared(spec: type, name: str) -> Any:
@@ -94,9 +95,18 @@ class Endpoint(dg.Config):
     protocol: Literal["openai", "mlflow"] = _declared(EndpointSpec, "protocol")
     served_model_uri: str | None = _declared(EndpointSpec, "served_model_uri")
     served_model_version: str | None = _declared(EndpointSpec, "served_model_version")
+    prices: dict[str, EndpointPrice] = Field(
+        default_factory=dict, description=_SPEC_FIELDS[EndpointSpec]["prices"].metadata[
+            DESCRIPTION])
+
+    @field_validator("prices", mode="before")
+    @classmethod
+    def _prices_in_config_form(cls, value: Any) -> Any:
+        return as_price_config(value)  # a Price, or a mapping of them, as the core takes it
 
     def to_spec(self) -> EndpointSpec:
-        return EndpointSpec(**_spec_values(self, EndpointSpec))
+        return EndpointSpec(prices=spec_prices(self.prices),
+                            **_spec_values(self, EndpointSpec, converted=("prices",)))
 
 
 class MlflowModel(dg.Config):
@@ -132,7 +142,8 @@ class ManagedEndpoint(dg.Config):
 
 
 class ModelPrice(dg.Config):
-    """Prices used for cost estimates in metadata and dry runs."""
+    """A model's price for every endpoint that names none for it (``Endpoint(prices=...)``
+    is the per-endpoint form: the same model may cost differently at each provider)."""
 
     model: str = Field(description="The model name, as in Endpoint.models.")
     usd_per_1m_prompt_tokens: float = Field(description="USD per million prompt tokens.")
@@ -225,7 +236,8 @@ class BatchInferenceResource(dg.ConfigurableResource):
         "with the others.",
     )
     prices: list[ModelPrice] = Field(
-        default_factory=list, description="Per-model prices for cost estimates."
+        default_factory=list, description="Resource-wide prices per model, for the endpoints "
+        "whose own prices (Endpoint.prices) do not name it."
     )
     mlflow_models: list[MlflowModel] = Field(
         default_factory=list,

@@ -9,8 +9,11 @@ declares its config fields from them and converts back with ``to_settings()`` / 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import MISSING, dataclass, field
 from typing import Any
+
+from .pricing import EVERY_MODEL, Price, endpoint_prices, legacy_price, price_on
 
 # Where answers are kept unless configured otherwise: a SQLite file in the working directory.
 DEFAULT_STORE_URL = "sqlite:///batchllm.db"
@@ -102,6 +105,11 @@ class EndpointSpec:
         "under the same name scores afresh and the same version is answered from the ledger. "
         "None (and no served_model_version): the keys cover the served model's name only.",
         None)
+    prices: tuple[tuple[str, Price], ...] = described(
+        "What this endpoint charges: a Price per model it serves ({'gpt-4o': Price(...)}), or "
+        "one Price for every model (in config, under the model name '*'); a model without one "
+        "here takes the resource-wide model_prices. The same model may cost differently at "
+        "different providers: answers are priced at the endpoint that gave them.", ())
     served_model_version: str | None = described(
         "protocol='mlflow': the version the server serves, declared instead of looked up "
         "(e.g. '3', a Databricks served entity's version, or your deploy's tag); it enters the "
@@ -110,6 +118,12 @@ class EndpointSpec:
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("An endpoint needs a non-empty name.")
+        # Given as one Price or a mapping; kept as sorted pairs (frozen, hashable data).
+        object.__setattr__(self, "prices", endpoint_prices(self.prices, endpoint=self.name))
+        unserved = [m for m, _ in self.prices if m != EVERY_MODEL and m not in self.served_models]
+        if unserved:
+            raise ValueError(f"Endpoint '{self.name}': prices name {unserved}, which it does "
+                             f"not serve (it serves {list(self.served_models)}).")
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(
                 f"Endpoint '{self.name}': base_url must start with http:// or https:// "
@@ -195,8 +209,9 @@ class InferenceSettings:
         "Seconds between a run's heartbeats in the ledger database, by which runs that share "
         "endpoints (coordinate_runs) see each other and split the limits.", 0.5)
     model_prices: tuple[tuple[Any, ...], ...] = described(
-        "(model, USD per 1M prompt tokens, USD per 1M completion tokens) for cost estimates, "
-        "optionally followed by the batch API's two prices.",
+        "Resource-wide prices, for the endpoints whose own prices name the model not: "
+        "(model, USD per 1M prompt tokens, USD per 1M completion tokens), optionally followed "
+        "by the batch API's two prices.",
         ())
     default_model: str | None = described("The model used when a call names none.", None)
     batch_poll_initial_s: float = described(
@@ -267,21 +282,41 @@ class InferenceSettings:
         models = self.models
         return next(iter(models)) if len(models) == 1 else None
 
+    @functools.cached_property
+    def _resource_prices(self) -> dict[str, Price]:
+        return dict(legacy_price(entry) for entry in self.model_prices)
+
+    @functools.cached_property
+    def _endpoints_by_name(self) -> dict[str, EndpointSpec]:
+        return {e.name: e for e in self.endpoints}
+
+    def price_at(self, model: str, endpoint: str | None = None) -> Price | None:
+        """The price of ``model`` at ``endpoint`` (see :func:`.pricing.price_on`); with no
+        endpoint (or one not configured, such as "ledger"), the dearest price among the
+        endpoints serving it, so an estimate or a budget's bound is never too low."""
+        spec = self._endpoints_by_name.get(endpoint) if endpoint is not None else None
+        if spec is not None:
+            return price_on(spec.prices, self._resource_prices, model)
+        found = [price_on(e.prices, self._resource_prices, model)
+                 for e in self.endpoints if model in e.served_models]
+        found = [p for p in found if p is not None] or (
+            [self._resource_prices[model]] if model in self._resource_prices else [])
+        return max(found, key=lambda p: p.upper_bound(1, 1), default=None)
+
     def price_for(self, model: str) -> tuple[float, float] | None:
-        """(USD per 1M prompt tokens, USD per 1M completion tokens) for a model, if configured."""
-        for name, prompt_price, completion_price, *_batch in self.model_prices:
-            if name == model:
-                return prompt_price, completion_price
-        return None
+        """(USD per 1M prompt tokens, USD per 1M completion tokens) for a model, if priced
+        (:meth:`price_at` without an endpoint)."""
+        price = self.price_at(model)
+        return (price.input_per_mtok, price.output_per_mtok) if price is not None else None
 
     def batch_price_for(self, model: str) -> tuple[float, float] | None:
-        """The batch API's (prompt, completion) USD per 1M tokens for a model; its online price
-        where no batch price is configured."""
-        for name, prompt_price, completion_price, *batch in self.model_prices:
-            if name == model:
-                return (batch[0], batch[1]) if len(batch) >= 2 else (prompt_price,
-                                                                     completion_price)
-        return None
+        """The batch API's (prompt, completion) USD per 1M tokens for a model."""
+        endpoint = self.batch_endpoint_for(model)
+        price = self.price_at(model, endpoint.name if endpoint is not None else None)
+        if price is None:
+            return None
+        prompt, _cached, completion = price.per_mtok(batch=True)
+        return prompt, completion
 
     def batch_endpoint_for(self, model: str) -> EndpointSpec | None:
         """The first endpoint with ``batch_api=True`` that serves ``model``."""
