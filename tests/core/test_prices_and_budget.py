@@ -53,3 +53,36 @@ def test_an_endpoint_refuses_prices_of_models_it_does_not_serve():
     with pytest.raises(ValueError, match="does not serve"):
         EndpointSpec(name="a", base_url="http://127.0.0.1:9/v1", models=(MODEL,),
                      prices={"gpt-4o": Price(1.0, 1.0)})
+
+
+# -- cached tokens in the replies ---------------------------------------------------------------
+
+
+def _reply(usage):
+    return {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}], "usage": usage}
+
+
+def test_cached_tokens_are_read_from_openai_and_vllm_usage_and_are_0_where_absent():
+    from dagster_batchllm.core.delivery.transport import completion_from_payload
+
+    def cached(usage):
+        return completion_from_payload(_reply(usage), endpoint="e", latency_s=0.0).cached_tokens
+
+    base = {"prompt_tokens": 100, "completion_tokens": 5}
+    assert cached({**base, "prompt_tokens_details": {"cached_tokens": 64}}) == 64
+    assert cached(base) == 0
+    assert cached({**base, "prompt_tokens_details": None}) == 0  # vLLM without a prefix cache
+    assert cached({**base, "prompt_tokens_details": {"audio_tokens": 0}}) == 0
+    assert cached(None) == 0
+
+
+def test_anthropic_cache_reads_are_the_cached_tokens_of_a_batch_result():
+    from dagster_batchllm.core.delivery.batch_api.anthropic_messages import chat_reply
+    from dagster_batchllm.core.delivery.transport import completion_from_payload
+
+    message = {"content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
+               "usage": {"input_tokens": 10, "cache_read_input_tokens": 300,
+                         "cache_creation_input_tokens": 20, "output_tokens": 7}}
+    completion = completion_from_payload(chat_reply(message), endpoint="e", latency_s=0.0)
+    assert (completion.prompt_tokens, completion.cached_tokens,
+            completion.completion_tokens) == (330, 300, 7)

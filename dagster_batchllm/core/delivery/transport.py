@@ -43,6 +43,10 @@ class Completion:
     latency_s: float
     #: The parsed reply, where a task reads more than the text (a grouped request's items).
     payload: Any = None
+    #: Of ``prompt_tokens``, those the server answered from its prefix cache (OpenAI's and
+    #: vLLM's ``usage.prompt_tokens_details.cached_tokens``; 0 where the reply says none):
+    #: they cost the cached price.
+    cached_tokens: int = 0
 
 
 CHAT_ROUTE = "/chat/completions"
@@ -125,6 +129,9 @@ def completion_from_payload(payload: Any, *, endpoint: str, latency_s: float) ->
         )
     usage = payload.get("usage")
     reported = isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int)
+    # One lookup where the server reports no details (most do not); "null" is none too.
+    details = usage.get("prompt_tokens_details") if reported else None
+    cached = details.get("cached_tokens") if type(details) is dict else None
     return Completion(
         content=content,
         prompt_tokens=int(usage.get("prompt_tokens") or 0) if reported else 0,
@@ -132,6 +139,7 @@ def completion_from_payload(payload: Any, *, endpoint: str, latency_s: float) ->
         usage_reported=reported,
         finish_reason=choice.get("finish_reason"),
         latency_s=latency_s,
+        cached_tokens=cached if type(cached) is int and cached > 0 else 0,
     )
 
 

@@ -186,6 +186,14 @@ def message_answer(message: Any) -> tuple[str, int, int, str | None]:
             FINISH_REASONS.get(reason, reason))
 
 
+def cache_read_tokens(message: Any) -> int:
+    """A Message's prompt tokens read from Anthropic's prompt cache (``cache_read_input_tokens``,
+    OpenAI's ``cached_tokens``): they cost the cached price."""
+    usage = message.get("usage") if isinstance(message, dict) else None
+    cached = usage.get("cache_read_input_tokens") if isinstance(usage, dict) else None
+    return cached if type(cached) is int and cached > 0 else 0
+
+
 def chat_reply(message: Any) -> dict[str, Any]:
     """A Message as the chat completion the chat route's reader reads."""
     text, prompt, completion, reason = message_answer(message)
@@ -194,8 +202,9 @@ def chat_reply(message: Any) -> dict[str, Any]:
             "choices": [{"index": 0, "finish_reason": reason,
                          "message": {"role": "assistant", "content": text}}],
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                      "total_tokens": prompt + completion}}
+                      "total_tokens": prompt + completion,
+                      "prompt_tokens_details": {"cached_tokens": cache_read_tokens(message)}}}
 
 
-__all__ = ["FINISH_REASONS", "IMAGE_TYPES", "CannotExpress", "chat_reply", "message_answer",
-           "messages_params"]
+__all__ = ["FINISH_REASONS", "IMAGE_TYPES", "CannotExpress", "cache_read_tokens", "chat_reply",
+           "message_answer", "messages_params"]
