@@ -5,7 +5,10 @@ so a batch line gets the same answer as the same body sent online.
 
 Usage: prompt tokens are one per 4 characters of each message's text parts (rounded up) plus
 4 per message, plus `IMAGE_TOKENS` (85, OpenAI's low-detail cost) per image part; completion
-tokens are one per 4 characters of the reply, times ``n``.
+tokens are one per 4 characters of the reply, times ``n``. With a prefix cache
+(``prefix_cache_tokens``; see `dagster_batchllm.simulator.prefix_cache`) the usage says how
+many prompt tokens it held (``prompt_tokens_details.cached_tokens``, OpenAI's and vLLM's field),
+and ``prefill_s_per_token`` adds that much latency per prompt token not cached.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from .images import IMAGE_TOKENS, ImagePart, parse_content
+from .prefix_cache import prompt_stream
 from .protocol import Reject, Serving
 from .responders import prompt_text
 from .state import tokens
@@ -37,6 +41,8 @@ class Generation:
     n: int
     images: list[ImagePart] = field(default_factory=list)
     prompt: str = ""  # the last user message as the responder read it
+    cached_tokens: int | None = None  # None: no prefix cache, the usage leaves the field out
+    prefill_s: float = 0.0  # latency added for the prompt tokens not cached
 
     malformed = MALFORMED_BODY
 
@@ -55,7 +61,8 @@ class Generation:
             text, finish = BAD_STRUCTURED, "stop"
         completion_tokens = tokens(text) * self.n
         payload = completion_payload(self.chat, f"{next(serving.ids)}", self.model, text, finish,
-                                     self.n, self.prompt_tokens, completion_tokens)
+                                     self.n, self.prompt_tokens, completion_tokens,
+                                     self.cached_tokens)
         if outcome == "no_choices":
             del payload["choices"], payload["usage"]
             return payload, None
@@ -76,19 +83,22 @@ def prepare_generation(serving: Serving, body: object, chat: bool) -> Generation
         raw = body.get("messages")
         if not isinstance(raw, list) or not raw or not all(isinstance(m, dict) for m in raw):
             raise Reject(400, "'messages' must be a non-empty list of objects")
-        messages, prompt_tokens = [], 0
+        messages, prompt_tokens, laid_out = [], 0, []
         for message in raw:
             role = message.get("role", "user")
             content = parse_content(message.get("content"), role, config["max_image_bytes"])
             messages.append({"role": role, "content": content.text})
             images.extend(content.images)
             prompt_tokens += tokens(content.token_text) + 4 + IMAGE_TOKENS * len(content.images)
+            laid_out.append((role, content.token_text
+                             + "".join(f"<image:{i.sha256}>" for i in content.images)))
         params = {k: v for k, v in body.items() if k not in ("model", "messages")}
     else:
         prompt = body.get("prompt", "")
         prompt = "\n".join(map(str, prompt)) if isinstance(prompt, list) else str(prompt)
         messages = [{"role": "user", "content": prompt}]
         prompt_tokens = tokens(prompt)
+        laid_out = [("prompt", prompt)]
         params = {k: v for k, v in body.items() if k not in ("model", "prompt")}
     requested = body.get("max_completion_tokens")
     if requested is None:
@@ -117,12 +127,23 @@ def prepare_generation(serving: Serving, body: object, chat: bool) -> Generation
         text, finish = text[: max(requested, 0) * 4], "length"
     n = body.get("n") or 1
     n = n if isinstance(n, int) and n > 0 else 1
+    cached, prefill_s = _prefill(serving, laid_out, prompt_tokens)
     return Generation(body, chat, model, prompt_tokens, text, finish, n, images,
-                      prompt_text(messages) if images else "")
+                      prompt_text(messages) if images else "", cached, prefill_s)
+
+
+def _prefill(serving: Serving, laid_out: list[tuple[str, str]], prompt_tokens: int
+             ) -> tuple[int | None, float]:
+    """The prompt tokens the prefix cache held (None without one) and the prefill latency."""
+    cache, config = serving.state.prefix_cache, serving.state.config
+    cached = (cache.serve(prompt_stream(laid_out), prompt_tokens) if cache.enabled else None)
+    per_token = config["prefill_s_per_token"] or 0.0
+    return cached, per_token * (prompt_tokens - (cached or 0))
 
 
 def completion_payload(chat: bool, serial: str, model: str, text: str, finish: str, n: int,
-                       prompt_tokens: int, completion_tokens: int) -> dict:
+                       prompt_tokens: int, completion_tokens: int,
+                       cached_tokens: int | None = None) -> dict:
     if chat:
         kind, prefix = "chat.completion", "chatcmpl-sim"
         choices = [{"index": i, "message": {"role": "assistant", "content": text},
@@ -133,5 +154,7 @@ def completion_payload(chat: bool, serial: str, model: str, text: str, finish: s
                    for i in range(n)]
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
              "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
     return {"id": f"{prefix}{serial}", "object": kind, "created": int(time.time()),
             "model": model, "choices": choices, "usage": usage}

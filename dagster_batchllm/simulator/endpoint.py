@@ -61,8 +61,11 @@ class SimulatedEndpoint:
     there until `advance_batches`. Anthropic's Message Batches (``/v1/messages/batches``, for
     ``anthropic.Anthropic(base_url=<base_url without /v1>)``; see
     `dagster_batchllm.simulator.anthropic_batches`) run through the same lifecycle, scripts
-    and controls. Files live in a temp dir of this endpoint's, removed when
-    it is garbage-collected or the interpreter exits.
+    and controls. ``prefix_cache_tokens`` gives it vLLM's prefix cache of that many tokens
+    (see `dagster_batchllm.simulator.prefix_cache`; 0, the default, has none): replies report
+    ``usage.prompt_tokens_details.cached_tokens`` and ``stats()["prefix_cache"]`` the totals;
+    ``prefill_s_per_token`` adds latency per prompt token not cached. Files live in a temp
+    dir of this endpoint's, removed when it is garbage-collected or the interpreter exits.
     """
 
     def __init__(
@@ -86,6 +89,8 @@ class SimulatedEndpoint:
         embedding_base64: bool = True,
         max_image_bytes: int | None = 20 * 1024 * 1024,
         batch_stage_s: float | None = 0.0,
+        prefix_cache_tokens: int = 0,
+        prefill_s_per_token: float = 0.0,
     ):
         if process and responder is not None and not isinstance(responder, str):
             raise TypeError("process=True needs the responder as a 'module:attr' string")
@@ -102,6 +107,7 @@ class SimulatedEndpoint:
             "embedding_dimensions": embedding_dimensions,
             "max_inputs_per_request": max_inputs_per_request,
             "embedding_base64": embedding_base64, "max_image_bytes": max_image_bytes,
+            "prefix_cache_tokens": prefix_cache_tokens, "prefill_s_per_token": prefill_s_per_token,
             **dict.fromkeys(BATCH_STAGES, batch_stage_s),
         })
         self._files_dir: tempfile.TemporaryDirectory | None = None
@@ -278,7 +284,9 @@ class SimulatedEndpoint:
         prompt_tokens, inputs]); ``images`` (requests with images, images, bytes, remote,
         rejected, and a log of {status, prompt, sha256: [...], bytes, remote} per request);
         ``batches`` (files_uploaded, bytes_uploaded, batches_created, lines_answered,
-        lines_ok, lines_failed, lines_expired, line_duplicates, api_requests, ...).
+        lines_ok, lines_failed, lines_expired, line_duplicates, api_requests, ...);
+        ``prefix_cache`` (requests looked up, their prompt_tokens, the cached_tokens found,
+        blocks held, capacity_tokens; all zero without one).
         """
         return self._control("stats", {"log": log})
 

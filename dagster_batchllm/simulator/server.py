@@ -158,6 +158,7 @@ class _App:
                 latency = st.config[latency_key]
                 if latency is None:
                     latency = st.config["latency_s"]
+                latency += getattr(job, "prefill_s", 0.0)  # a chat prompt's uncached tokens
                 if latency > 0:
                     await asyncio.sleep(latency)
                 if st.killed:

@@ -12,6 +12,7 @@ import random
 from collections import deque
 
 from .batch_store import BatchStore
+from .prefix_cache import PrefixCache
 
 FAULT_RATES = {
     "error_rate_429": 429,
@@ -35,6 +36,10 @@ DEFAULT_CONFIG = {
     "requests_per_minute": None,
     "tokens_per_minute": None,
     "rate_limit_window_s": 60.0,
+    # chat and completions: a prefix cache of this many tokens (0: none; see prefix_cache.py)
+    # and the latency each prompt token it did not hold adds
+    "prefix_cache_tokens": 0,
+    "prefill_s_per_token": 0.0,
     **dict.fromkeys(FAULT_RATES, 0.0),
     # /v1/embeddings
     "embedding_dimensions": 384,
@@ -207,6 +212,7 @@ class SimState:
         self._window_token_sum = 0
         self.in_flight = 0
         self.store = BatchStore()
+        self.prefix_cache = PrefixCache()
         self.configure(**(config or {}))
         self.reset_stats()
 
@@ -221,6 +227,8 @@ class SimState:
             raise ValueError(f"unknown setting(s) {sorted(unknown)}; "
                              f"known: {sorted(DEFAULT_CONFIG)}")
         self.config.update(changes)
+        if "prefix_cache_tokens" in changes:
+            self.prefix_cache.resize(self.config["prefix_cache_tokens"])
         if "seed" in changes:
             self.rng.seed(changes["seed"])
             self.line_rng.seed(changes["seed"])
@@ -263,6 +271,7 @@ class SimState:
         self.chat, self.embeddings, self.images = Tally(), Tally(), ImageTally()
         self.max_concurrent = self.in_flight
         self.store.reset_stats()
+        self.prefix_cache.reset_stats()
 
     @property
     def log(self) -> list[list]:
@@ -308,6 +317,7 @@ class SimState:
                    script_pending=len(self.script))
         out["embeddings"] = self.embeddings.as_dict(skip=("completion_tokens",), with_log=with_log)
         out["images"] = self.images.as_dict(with_log)
+        out["prefix_cache"] = self.prefix_cache.stats()
         out["batches"] = {**self.store.stats(), "api_script_pending": len(self.scripts[
             "batch_api"]), "line_script_pending": len(self.scripts["batch_lines"])}
         if with_log:
@@ -322,6 +332,7 @@ class SimState:
             "max_concurrent": self.max_concurrent,
             "chat": self.chat.export(), "embeddings": self.embeddings.export(),
             "images": self.images.as_dict(), "store": self.store.export(),
+            "prefix_cache": self.prefix_cache.export(),
         }
 
     @classmethod
@@ -341,6 +352,7 @@ class SimState:
         self.embeddings.load(data["embeddings"])
         self.images.load(data["images"])
         self.store.load(data["store"])
+        self.prefix_cache.load(data.get("prefix_cache", {}))
 
 
 def _rng_export(rng: random.Random) -> list:
@@ -380,6 +392,7 @@ def control(state: SimState, name: str, payload: dict) -> dict:
         return {"data": state.store.list_files()}
     if name == "kill":
         state.killed = True
+        state.prefix_cache.clear()  # a dead server's GPU memory is gone
         return state.export() if payload.get("export", True) else {}
     if name == "health":
         return {"ok": True}
