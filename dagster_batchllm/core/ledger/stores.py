@@ -8,6 +8,7 @@ one file; a database server's round trips get bounds (see :mod:`.db_timeouts`).
 from __future__ import annotations
 
 import importlib.util
+import math
 import random
 import re
 import sqlite3
@@ -145,3 +146,38 @@ def _use_wal(cursor: Any, wait_s: float = 60.0) -> None:
 
 
 __all__ = ["make_engine", "normalize_store_url", "redact_url", "validate_identifier"]
+
+
+def add_missing_columns(engine: sa.Engine, table: sa.Table, columns: dict[str, Any]) -> None:
+    """Add to ``table`` those of ``columns`` (name -> SQLAlchemy type, each nullable) it lacks:
+    a table made by an earlier version, whose old rows then read NULL ("not known"). Two
+    processes opening it at once may both try: an ALTER that fails is fine if the column is
+    there now."""
+    def missing() -> list[str]:
+        have = {c["name"] for c in sa.inspect(engine).get_columns(table.name,
+                                                                  schema=table.schema)}
+        return [name for name in columns if name not in have]
+
+    quoted = engine.dialect.identifier_preparer.format_table(table)
+    for name in missing():
+        kind = columns[name]().compile(dialect=engine.dialect)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(f"ALTER TABLE {quoted} ADD COLUMN {name} {kind}")
+        except sa.exc.DatabaseError:
+            if name in missing():
+                raise
+
+
+def sqlite_literal(value: Any) -> str | None:
+    """``value`` as a SQLite literal that reads back as exactly that value, or None: text (with
+    its quotes doubled; not with a NUL, which would end it), an integer, a float, NULL."""
+    if value is None:
+        return "NULL"
+    if type(value) is int:
+        return str(value)
+    if type(value) is float and math.isfinite(value):
+        return repr(value)
+    if type(value) is str and "\x00" not in value:
+        return "'" + value.replace("'", "''") + "'"
+    return None

@@ -12,7 +12,6 @@ PostgreSQL gets native upserts, SQLite upserts sent to the driver as plain tuple
 
 from __future__ import annotations
 
-import math
 import operator
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -24,7 +23,13 @@ from ..errors import InferenceConfigError
 from ..settings import DEFAULT_LEDGER_TABLE
 from .db_timeouts import DEFAULT_ROUND_TRIP_TIMEOUT_S
 from .key_lists import KeyList, in_key_order
-from .stores import make_engine, normalize_store_url, validate_identifier
+from .stores import (
+    add_missing_columns,
+    make_engine,
+    normalize_store_url,
+    sqlite_literal,
+    validate_identifier,
+)
 
 OK, FAILED, DEFERRED, SUPERSEDED = "ok", "failed", "deferred", "superseded"
 STATUSES = (OK, FAILED, DEFERRED, SUPERSEDED)
@@ -40,15 +45,24 @@ _MAX_LEDGER_TABLE = 63 - len("ix__status_partition")
 def new_record(key: str, scope: str, partition_key: str, model: str, status: str,
                response: str | None, error: str | None, error_type: str | None,
                prompt_tokens: int, completion_tokens: int, attempts: int,
-               endpoint: str | None, latency_ms: float | None, run_id: str | None
+               endpoint: str | None, latency_ms: float | None, run_id: str | None,
+               cached_tokens: int | None = None, cost_usd: float | None = None
                ) -> dict[str, Any]:
     """One ledger record as every writer makes it: every column the upsert writes (so all of
-    a write's records share its fast road)."""
+    a write's records share its fast road). ``cost_usd``: what the reply cost at the price
+    of the endpoint that gave it (None: no reply, or no price)."""
     return {"request_key": key, "scope": scope, "partition_key": partition_key,
             "model": model, "status": status, "response": response, "error": error,
             "error_type": error_type, "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens, "attempts": attempts,
-            "endpoint": endpoint, "latency_ms": latency_ms, "run_id": run_id}
+            "endpoint": endpoint, "latency_ms": latency_ms, "run_id": run_id,
+            "cached_tokens": cached_tokens, "cost_usd": cost_usd}
+
+
+# Columns added after the first ledgers were made: nullable, and added to an older table when
+# it is opened (Ledger._add_new_columns). A record that lacks them (a journal of an older
+# version) writes NULL.
+_ADDED_COLUMNS = {"cached_tokens": sa.Integer, "cost_usd": sa.Float}
 
 
 def _ledger_table(name: str) -> sa.Table:
@@ -71,6 +85,8 @@ def _ledger_table(name: str) -> sa.Table:
         sa.Column("endpoint", sa.String(255)),
         sa.Column("latency_ms", sa.Float),
         sa.Column("run_id", sa.String(64)),
+        # Before the times: the SQLite upsert's parameters are the record's fields, then them.
+        *(sa.Column(name, kind) for name, kind in _ADDED_COLUMNS.items()),
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("updated_at", sa.Float, nullable=False),
         # No index on (request_key, status): the primary key starts with request_key, which
@@ -87,21 +103,16 @@ _SHARED_FIELDS = operator.itemgetter(*_SHARED)
 _SHARED_MIN_RECORDS = 64  # below, a statement of its own per write is not worth compiling
 
 
-def _sqlite_literal(value: Any) -> str | None:
-    """``value`` as a SQLite literal that reads back as exactly that value, or None: text (with
-    its quotes doubled; not with a NUL, which would end it), an integer, a float, NULL."""
-    if value is None:
-        return "NULL"
-    if type(value) is int:
-        return str(value)
-    if type(value) is float and math.isfinite(value):
-        return repr(value)
-    if type(value) is str and "\x00" not in value:
-        return "'" + value.replace("'", "''") + "'"
-    return None
-
-
 _REQUEST_KEY = operator.itemgetter("request_key")
+_ADDED_NULL = dict.fromkeys(_ADDED_COLUMNS)
+
+
+def _with_added_columns(records: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
+    """Records of an older version's form (its journal's) with the columns added since as
+    NULL, so they take the fast roads too; the others as they are."""
+    if _ADDED_COLUMNS.keys() <= records[0].keys():
+        return records
+    return [{**_ADDED_NULL, **r} for r in records]
 
 
 class Ledger:
@@ -132,6 +143,8 @@ class Ledger:
             # Another process created it between our check and our CREATE: fine if it exists now.
             if not sa.inspect(self.engine).has_table(self.table.name, schema=self.table.schema):
                 raise
+        # A table made by an earlier version gets the columns added since.
+        add_missing_columns(self.engine, self.table, _ADDED_COLUMNS)
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -229,27 +242,43 @@ class Ledger:
                 result.setdefault(partition, {})[value or "unknown"] = int(count)
         return result
 
-    def answer_tokens(self, keys: Iterable[str]) -> dict[str, dict[str, int]]:
-        """What the answers to ``keys`` cost when they were paid for, by model:
-        ``{model: {"answers", "prompt_tokens", "completion_tokens"}}``.
+    def answer_tokens(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """What the answers to ``keys`` cost when they were paid for, by model: ``{model:
+        {"answers", "prompt_tokens", "completion_tokens"}}``, with ``cached_tokens`` where
+        some were, ``cost_usd`` (the sum of the costs kept) where any answer kept one, and
+        then the ``uncosted_prompt_tokens`` and ``uncosted_completion_tokens`` of those kept
+        without one (written before costs were, or with no price then).
 
         Each key counts once, with the ``ok`` record that paid for it, whichever partition or
         scope that was (records copied from the ledger into another partition carry no tokens),
         so the figures stay the same however often the answers are served again. Keys without
         an ``ok`` record are left out.
         """
-        totals: dict[str, dict[str, int]] = {}
+        totals: dict[str, dict[str, Any]] = {}
         keys = list(dict.fromkeys(keys))
         with self.engine.connect() as conn:
             rows = self._ok_rows(
-                conn, ("model", "MAX(prompt_tokens)", "MAX(completion_tokens)"), keys,
-                per_key_and_model=True)
-        for model, prompt_tokens, completion_tokens in rows:
-            model_totals = totals.setdefault(
+                conn, ("model", "MAX(prompt_tokens)", "MAX(completion_tokens)",
+                       "MAX(cached_tokens)", "MAX(cost_usd)"), keys, per_key_and_model=True)
+        for model, prompt_tokens, completion_tokens, cached_tokens, cost in rows:
+            held = totals.setdefault(
                 model, {"answers": 0, "prompt_tokens": 0, "completion_tokens": 0})
-            model_totals["answers"] += 1
-            model_totals["prompt_tokens"] += int(prompt_tokens or 0)
-            model_totals["completion_tokens"] += int(completion_tokens or 0)
+            prompt_tokens, completion_tokens = int(prompt_tokens or 0), int(completion_tokens or 0)
+            held["answers"] += 1
+            held["prompt_tokens"] += prompt_tokens
+            held["completion_tokens"] += completion_tokens
+            if cached_tokens:
+                held["cached_tokens"] = held.get("cached_tokens", 0) + int(cached_tokens)
+            if cost is not None:
+                held["cost_usd"] = held.get("cost_usd", 0.0) + float(cost)
+            else:
+                for name, value in (("uncosted_prompt_tokens", prompt_tokens),
+                                    ("uncosted_completion_tokens", completion_tokens)):
+                    held[name] = held.get(name, 0) + value
+        for held in totals.values():
+            if "cost_usd" not in held:  # no cost kept: its tokens say it all
+                held.pop("uncosted_prompt_tokens", None)
+                held.pop("uncosted_completion_tokens", None)
         return totals
 
     def records(self, partition_key: str | None = None, scope: str | None = None):
@@ -272,6 +301,7 @@ class Ledger:
         ``also(conn)`` runs in the same transaction (what must commit with the records)."""
         if not records:
             return
+        records = _with_added_columns(records)
         now = time.time()
         backend = self.engine.dialect.name
         if backend == "sqlite":
@@ -284,8 +314,8 @@ class Ledger:
                     if also is not None:
                         also(conn)
                 return
-        rows = in_key_order([{**r, "created_at": now, "updated_at": now} for r in records],
-                            key=_REQUEST_KEY)
+        rows = in_key_order([{**_ADDED_NULL, **r, "created_at": now, "updated_at": now}
+                             for r in records], key=_REQUEST_KEY)
         with self.engine.begin() as conn:
             if backend in ("sqlite", "postgresql"):
                 conn.execute(self._upsert_statement(backend), rows)
@@ -344,9 +374,10 @@ class Ledger:
         those (a batch pass's write: one partition, model, endpoint, status and attempt).
         SQLite binds each parameter of each record, at about a quarter of a microsecond: this
         binds 5 per record where the other statement binds 18. None where the records differ,
-        or a shared value has no exact literal (see :func:`_sqlite_literal`)."""
+        or a shared value has no exact literal (see :func:`sqlite_literal`)."""
         if len(records) < _SHARED_MIN_RECORDS:
             return None
+        records = _with_added_columns(records)
         shared_of = _SHARED_FIELDS
         try:
             shared = shared_of(records[0])
@@ -355,21 +386,24 @@ class Ledger:
         except KeyError:
             return None
         sql, fields, constants = self._compiled_sqlite_upsert()
-        literals = dict(zip(_SHARED, map(_sqlite_literal, shared), strict=True))
+        literals = dict(zip(_SHARED, map(sqlite_literal, shared), strict=True))
         literals["created_at"] = literals["updated_at"] = repr(float(now))
         if None in literals.values() or not all(type(c) is str for c in constants):
             return None
         holes = ", ".join(["?"] * (len(fields) + 2))
         head, found, tail = sql.partition(holes)
         for constant in constants:  # the WHERE's parameters, in order
-            tail = tail.replace("?", _sqlite_literal(constant), 1)
+            tail = tail.replace("?", sqlite_literal(constant), 1)
         if not found or "?" in head or "?" in tail:
             raise RuntimeError(f"unexpected SQL of the ledger upsert: {sql}")
         own = [f for f in fields if f not in literals]
         shared_sql = head + ", ".join(literals.get(f, "?") for f in (
             *fields, "created_at", "updated_at")) + tail
         get = operator.itemgetter(*own)
-        return shared_sql, [get(r) for r in records]
+        try:
+            return shared_sql, [get(r) for r in records]
+        except KeyError:  # a record of an older version (a journal's): the statement path
+            return None
 
     def _generic_upsert(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
         t = self.table
