@@ -29,7 +29,7 @@ from .errors import InferenceConfigError
 from .ledger.table import Ledger
 from .results import InferenceEstimate, InferenceResult
 from .run.engine import InferenceRun
-from .run.figures import estimate_cost
+from .run.figures import estimate_cost, paid_totals
 from .run.prompts import distinct_requests, row_tuples
 from .settings import InferenceSettings
 from .tasks.base import CallBase, Task, task_type_for
@@ -180,6 +180,7 @@ class InferenceClient:
             run: Any = await BatchModeCall(self, call, task, frame, wait=wait,
                                            token_budget=budget, run_id=run_id, logger=log,
                                            collect_keys=keep_keys).run()
+            paid_totals(run.stats)  # its passes' costs, added up per model
         else:
             run = InferenceRun(
                 task.run_settings(self.settings, self.pool.capacity(call.model)), frame,

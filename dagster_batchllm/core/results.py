@@ -45,6 +45,12 @@ class InferenceStats:
     tokens_by_model: dict[str, dict[str, int]] = field(default_factory=dict)
     errors_by_type: dict[str, int] = field(default_factory=dict)
     estimated_cost_usd: float | None = None
+    #: What this call paid: the sum of the costs of the replies it got, each at the price of
+    #: the endpoint that gave it (cached prompt tokens at the cached price, batch lines at
+    #: the batch price), as the ledger keeps them; None where a reply had no price.
+    cost_usd: float | None = None
+    #: Of ``prompt_tokens``, those the servers answered from their prefix caches.
+    cached_tokens: int = 0
     #: "online", or "batch_api" (priced at the batch price; online_cost_usd: the same tokens
     #: at the online price)
     mode: str = "online"
@@ -58,10 +64,16 @@ class InferenceStats:
     def failure_rate(self) -> float:
         return self.failed / self.rows if self.rows else 0.0
 
+    @property
+    def cached_share(self) -> float:
+        """The share of the prompt tokens sent that the servers' prefix caches answered."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["rows_per_s"] = round(self.rows_per_s, 2)
         data["failure_rate"] = round(self.failure_rate, 6)
+        data["cached_share"] = round(self.cached_share, 6)
         return data
 
     def summary(self) -> str:

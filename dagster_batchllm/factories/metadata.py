@@ -38,10 +38,29 @@ FAILED_ROWS_SHOWN = 20
 
 
 def cost_usd(tokens: Mapping[str, int], price: tuple[float, float] | None) -> float | None:
+    """Tokens at a price (USD per 1M prompt and completion tokens)."""
     if price is None:
         return None
     return round((tokens.get("prompt_tokens", 0) * price[0]
                   + tokens.get("completion_tokens", 0) * price[1]) / 1e6, 6)
+
+
+def model_cost(tokens: Mapping[str, Any], price: tuple[float, float] | None) -> float | None:
+    """What a model's answers cost: the sum of the per-row costs the ledger keeps
+    (``cost_usd``: each row at the price of the endpoint that answered it, cached tokens and
+    batch lines at theirs), plus, for rows kept without one (answered before costs were kept;
+    the ``uncosted_`` tokens of :meth:`~dagster_batchllm.core.ledger.table.Ledger.answer_tokens`),
+    their tokens at ``price``. Figures without a kept cost are priced by their tokens."""
+    kept = tokens.get("cost_usd")
+    if kept is None:
+        return cost_usd(tokens, price)
+    rest = {"prompt_tokens": tokens.get("uncosted_prompt_tokens", 0),
+            "completion_tokens": tokens.get("uncosted_completion_tokens", 0)}
+    # (rounded to the nano-dollar first: see core.run.figures.add_paid)
+    if not (rest["prompt_tokens"] or rest["completion_tokens"]):
+        return round(round(kept, 9), 6)
+    priced = cost_usd(rest, price)
+    return None if priced is None else round(round(kept, 9) + priced, 6)
 
 
 def _by_model(tokens_by_model: Mapping[str, Mapping[str, int]], price_for: PriceFor | None,
@@ -56,7 +75,7 @@ def _by_model(tokens_by_model: Mapping[str, Mapping[str, int]], price_for: Price
     # Nothing sent costs nothing, priced or not.
     records, total, unpriced = [], (None if tokens_by_model else 0.0), []
     for model, tokens in sorted(tokens_by_model.items()):
-        cost = cost_usd(tokens, price_for(model) if price_for else None)
+        cost = model_cost(tokens, price_for(model) if price_for else None)
         if cost is None:
             unpriced.append(model)
         else:
@@ -138,9 +157,12 @@ def run_figures(stats: InferenceStats, price_for: PriceFor | None = None) -> dic
         "batchllm/run/retries": stats.retries,
         "batchllm/run/prompt_tokens": stats.prompt_tokens,
         "batchllm/run/completion_tokens": stats.completion_tokens,
+        "batchllm/run/cached_tokens": stats.cached_tokens,
     }
     by_model, total, unpriced = _by_model(stats.tokens_by_model, price_for, None)
-    if price_for is None and stats.estimated_cost_usd is not None:
+    if stats.cost_usd is not None:
+        total = round(stats.cost_usd, 6)  # the sum of the costs of the rows it paid for
+    elif price_for is None and stats.estimated_cost_usd is not None:
         total = round(stats.estimated_cost_usd, 6)  # priced by the client, not here
     if total is not None:
         metadata["batchllm/run/cost_usd"] = total
@@ -176,7 +198,7 @@ def answer_figures(tokens_by_model: Mapping[str, Mapping[str, int]],
     for model, tokens in sorted(tokens_by_model.items()):
         metadata[f"batchllm/{model}/prompt_tokens"] = int(tokens.get("prompt_tokens", 0))
         metadata[f"batchllm/{model}/completion_tokens"] = int(tokens.get("completion_tokens", 0))
-        cost = cost_usd(tokens, price_for(model) if price_for else None)
+        cost = model_cost(tokens, price_for(model) if price_for else None)
         if cost is not None:
             metadata[f"batchllm/{model}/cost_usd"] = cost
     if unpriced:
@@ -256,7 +278,7 @@ def summary_line(asset: str, partition: str | None, stats: InferenceStats,
 
 
 def _money(tokens_by_model: Mapping[str, Mapping[str, int]], price_for: PriceFor | None) -> str:
-    costs = [cost_usd(tokens, price_for(model) if price_for else None)
+    costs = [model_cost(tokens, price_for(model) if price_for else None)
              for model, tokens in tokens_by_model.items()]
     if any(c is None for c in costs):
         return "cost unknown (no price set)"

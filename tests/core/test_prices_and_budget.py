@@ -86,3 +86,143 @@ def test_anthropic_cache_reads_are_the_cached_tokens_of_a_batch_result():
     completion = completion_from_payload(chat_reply(message), endpoint="e", latency_s=0.0)
     assert (completion.prompt_tokens, completion.cached_tokens,
             completion.completion_tokens) == (330, 300, 7)
+
+
+# -- the cost of each row, in the ledger ---------------------------------------------------------
+
+
+def _frame(n, prefix="Classify item"):
+    import pandas as pd
+
+    return pd.DataFrame({"text": [f"{prefix} {i:05d}" for i in range(n)]})
+
+
+def _ledger_sum(client, column, **where):
+    import sqlalchemy as sa
+
+    table = client.ledger.table
+    query = sa.select(sa.func.sum(table.c[column]))
+    for name, value in where.items():
+        query = query.where(table.c[name] == value)
+    with client.ledger.engine.connect() as conn:
+        return conn.execute(query).scalar()
+
+
+def test_each_answered_row_keeps_its_cost_and_the_call_reports_their_sum(sim, make_settings):
+    import dataclasses
+
+    from dagster_batchllm.core.client import InferenceClient
+
+    price = Price(input_per_mtok=3.0, output_per_mtok=15.0)
+    settings = make_settings(sim)
+    settings = settings.replace(endpoints=tuple(
+        dataclasses.replace(e, prices={MODEL: price}) for e in settings.endpoints))
+    with InferenceClient(settings) as client:
+        result = client.infer(_frame(40), prompt="{text}", model=MODEL, output_column="out",
+                              max_tokens=16, partition_key="p1")
+        records = client.ledger.records(partition_key="p1")
+        assert records["cost_usd"].notna().all()
+        expected = [price.cost(p, c, k) for p, c, k in zip(
+            records["prompt_tokens"], records["completion_tokens"], records["cached_tokens"],
+            strict=True)]
+        assert records["cost_usd"].tolist() == pytest.approx(expected)
+        assert result.stats.cost_usd == pytest.approx(_ledger_sum(client, "cost_usd"))
+        assert result.stats.cost_usd == pytest.approx(result.stats.estimated_cost_usd)
+        # A rerun is answered from the ledger: it pays nothing.
+        again = client.infer(_frame(40), prompt="{text}", model=MODEL, output_column="out",
+                             max_tokens=16, partition_key="p1")
+        assert again.stats.cost_usd == 0.0 and again.stats.cached == 40
+
+
+def test_cached_prompt_tokens_cost_the_cached_price(make_settings):
+    import dataclasses
+
+    from dagster_batchllm.core.client import InferenceClient
+    from dagster_batchllm.testing import SimulatedEndpoint
+
+    price = Price(input_per_mtok=4.0, output_per_mtok=8.0, cached_input_per_mtok=1.0)
+    shared = "You are a careful classifier of support tickets. " * 8  # many 16-token blocks
+    with SimulatedEndpoint(models=(MODEL,), prefix_cache_tokens=100_000) as sim:
+        settings = make_settings(sim, endpoint_kwargs={"max_concurrency": 1})
+        settings = settings.replace(endpoints=tuple(
+            dataclasses.replace(e, prices=price) for e in settings.endpoints))
+        with InferenceClient(settings) as client:
+            result = client.infer(_frame(20), prompt=shared + "{text}", model=MODEL,
+                                  output_column="out", max_tokens=8)
+            records = client.ledger.records()
+    assert result.stats.cached_tokens > 0 and 0 < result.stats.cached_share < 1
+    assert int(records["cached_tokens"].sum()) == result.stats.cached_tokens
+    uncached_price = sum(price.cost(p, c) for p, c in zip(
+        records["prompt_tokens"], records["completion_tokens"], strict=True))
+    assert result.stats.cost_usd == pytest.approx(float(records["cost_usd"].sum()))
+    assert result.stats.cost_usd == pytest.approx(
+        uncached_price - result.stats.cached_tokens * 3.0 / 1e6)
+
+
+def test_a_ledger_made_by_the_old_schema_gets_the_new_columns_on_open(tmp_path):
+    import sqlalchemy as sa
+
+    from dagster_batchllm.core.ledger.table import Ledger, new_record
+
+    path = tmp_path / "old.db"
+    engine = sa.create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:  # the ledger table as versions before issue 32 made it
+        conn.exec_driver_sql(
+            "CREATE TABLE batchllm_requests (request_key VARCHAR(64) NOT NULL, scope "
+            "VARCHAR(255) NOT NULL, partition_key VARCHAR(255) NOT NULL, model VARCHAR(255) "
+            "NOT NULL, status VARCHAR(16) NOT NULL, response TEXT, error TEXT, error_type "
+            "VARCHAR(64), prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, "
+            "attempts INTEGER NOT NULL, endpoint VARCHAR(255), latency_ms FLOAT, run_id "
+            "VARCHAR(64), created_at FLOAT NOT NULL, updated_at FLOAT NOT NULL, PRIMARY KEY "
+            "(request_key, scope, partition_key))")
+        conn.exec_driver_sql(
+            "INSERT INTO batchllm_requests VALUES ('old', '', '', 'm', 'ok', 'x', NULL, NULL, "
+            "10, 5, 1, 'ep0', 1.0, NULL, 0, 0)")
+    engine.dispose()
+    ledgers = [Ledger(f"sqlite:///{path}") for _ in range(2)]  # the second finds them there
+    ledger = ledgers[0]
+    records = [new_record(f"k{i:03d}", "", "p", "m", "ok", "y", None, None, 10, 5, 1, "ep0",
+                          1.0, "r", 2, 0.25) for i in range(100)]  # the shared fast path
+    ledger.upsert(records)
+    ledger.upsert(records[:3])  # the per-record path
+    # A journal of an older version: records without the new fields.
+    ledger.upsert([{k: v for k, v in new_record("j", "", "p", "m", "ok", "z", None, None, 1,
+                                                1, 1, "ep0", 1.0, "r").items()
+                    if k not in ("cached_tokens", "cost_usd")}])
+    held = ledger.records().set_index("request_key")
+    assert held.loc["old", "cost_usd"] != held.loc["old", "cost_usd"]  # NULL: not known
+    assert held.loc["k000", "cost_usd"] == 0.25 and held.loc["k099", "cached_tokens"] == 2
+    assert held.loc["j", "cost_usd"] != held.loc["j", "cost_usd"]
+    answers = ledger.answer_tokens(["old", "k000", "k001"])["m"]
+    assert answers["cost_usd"] == pytest.approx(0.5)
+    assert (answers["uncosted_prompt_tokens"], answers["uncosted_completion_tokens"]) == (10, 5)
+    for each in ledgers:
+        each.dispose()
+
+
+@pytest.mark.postgres
+def test_a_postgresql_ledger_of_the_old_schema_gets_the_new_columns(postgres_url):
+    import uuid
+
+    import sqlalchemy as sa
+
+    from dagster_batchllm.core.ledger.table import Ledger, new_record
+
+    table = f"old_{uuid.uuid4().hex[:10]}"
+    engine = sa.create_engine(postgres_url)
+    try:
+        Ledger(postgres_url, table).dispose()
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN cached_tokens")
+            conn.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN cost_usd")
+        ledgers = [Ledger(postgres_url, table) for _ in range(2)]
+        ledgers[0].upsert([new_record("k", "", "p", "m", "ok", "y", None, None, 10, 5, 1,
+                                      "ep0", 1.0, "r", 3, 0.125)])
+        held = ledgers[1].records()
+        assert held["cost_usd"].tolist() == [0.125] and held["cached_tokens"].tolist() == [3]
+        for each in ledgers:
+            each.dispose()
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+        engine.dispose()

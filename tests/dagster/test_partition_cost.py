@@ -2,6 +2,7 @@
 per-partition cost equal to the sum of the ledger's per-row costs."""
 
 import dagster as dg
+import pytest
 
 from dagster_batchllm import BatchInferenceResource, Endpoint, ModelPrice, Price
 
@@ -33,3 +34,57 @@ def test_the_resource_takes_prices_per_endpoint_in_code_and_in_config():
          "prices": {"*": {"input_per_mtok": 5.0, "output_per_mtok": 6.0}}}]}}}}
     assert dg.materialize([prices_seen], resources={"llm": llm}, run_config=run_config).success
     assert seen["b"] == Price(5.0, 6.0)
+
+
+def _ledger_cost(ledger, partition: str, scope: str) -> float:
+    """The SQL sum of the ledger's per-row costs of one partition of one asset."""
+    import sqlalchemy as sa
+
+    t = ledger.table
+    with ledger.engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.sum(t.c.cost_usd)).where(
+            t.c.partition_key == partition, t.c.scope == scope)).scalar()
+
+
+def test_each_partitions_cost_in_the_metadata_is_the_sum_of_its_rows_costs_in_the_ledger(
+        sim, make_llm_resource, instance):
+    import pandas as pd
+
+    from dagster_batchllm import build_inference_asset
+
+    days = dg.StaticPartitionsDefinition(["a", "b"])
+
+    @dg.asset(partitions_def=days)
+    def tickets(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        n = 12 if context.partition_key == "a" else 7
+        return pd.DataFrame({"text": [f"{context.partition_key} ticket {i}" for i in range(n)]})
+
+    asset = build_inference_asset(name="triage", source=tickets, partitions_def=days,
+                                  prompt="Triage: {text}", model=MODEL, output_column="label",
+                                  max_tokens=12)
+    # The endpoint's own price of the model, and a resource-wide price it overrides.
+    llm = make_llm_resource(sim, endpoint_kwargs={"prices": {MODEL: Price(
+        input_per_mtok=2.0, output_per_mtok=7.0, cached_input_per_mtok=0.5)}},
+        prices=[ModelPrice(model=MODEL, usd_per_1m_prompt_tokens=100.0,
+                           usd_per_1m_completion_tokens=100.0)])
+    for day in ("a", "b"):
+        result = dg.materialize([tickets, asset], resources={"llm": llm}, instance=instance,
+                                partition_key=day)
+        assert result.success
+        [materialized] = result.asset_materializations_for_node("triage")
+        metadata = {k: v.value for k, v in materialized.metadata.items()}
+        paid = _ledger_cost(llm.ledger, day, "triage")
+        assert paid > 0
+        assert metadata["batchllm/run/cost_usd"] == pytest.approx(paid, abs=1e-6)
+        assert metadata["batchllm/answers/cost_usd"] == pytest.approx(paid, abs=1e-6)
+        records = llm.ledger.records(day, "triage")
+        assert records["cost_usd"].tolist() == pytest.approx(
+            [(p * 2.0 + c * 7.0) / 1e6 for p, c in zip(
+                records["prompt_tokens"], records["completion_tokens"], strict=True)])
+    # A rerun of "a" is answered from the ledger: it pays nothing, its answers cost the same.
+    again = dg.materialize([tickets, asset], resources={"llm": llm}, instance=instance,
+                           partition_key="a")
+    [materialized] = again.asset_materializations_for_node("triage")
+    assert materialized.metadata["batchllm/run/cost_usd"].value == 0.0
+    assert materialized.metadata["batchllm/answers/cost_usd"].value == pytest.approx(
+        _ledger_cost(llm.ledger, "a", "triage"), abs=1e-6)

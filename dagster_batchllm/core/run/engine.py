@@ -37,7 +37,7 @@ from ..results import InferenceStats, RowStatus
 from ..settings import InferenceSettings
 from ..tasks.base import Task
 from .coordination import RunCoordination
-from .figures import Progress, estimate_cost, finish_stats
+from .figures import Progress, add_paid, estimate_cost, finish_stats
 from .gc_pacing import fewer_collections
 from .outcomes import ERROR_TYPE_VALUES, RowOutcomes
 from .prompts import RowRequest, row_tuples
@@ -108,6 +108,11 @@ class InferenceRun(RowOutcomes):
                                     outage_s=settings.ledger_outage_s)
         self.task = task
         self.delivery = delivery
+        # Replies are priced where they came from: a batch line (a delivery that keeps its
+        # answers in the batch book) at the batch price.
+        self._batch_priced = delivery.keeps_answers
+        self._rates: dict[str | None, dict[str, tuple[float, float, float] | None]] = {}
+        self._paid: dict[str, list] = {}  # per model: see RowOutcomes._record
         self._coordination: RunCoordination[KeyState] | None = None
         self._per_send = 1  # items a worker hands the delivery at once (set by run)
         self._done_rows = 0
@@ -418,6 +423,7 @@ class InferenceRun(RowOutcomes):
     def _finish_stats(self) -> None:
         finish_stats(self.stats, self.row_status, self._latencies, started=self._started)
         self.stats.endpoints = self.delivery.snapshot()
+        add_paid(self.stats, self._paid)
         self.stats.estimated_cost_usd = estimate_cost(self.settings, self.stats.tokens_by_model)
 
 

@@ -73,3 +73,31 @@ def estimate_cost(settings: InferenceSettings, tokens_by_model: dict[str, dict[s
         total = (total or 0.0) + (tokens["prompt_tokens"] * price[0]
                                   + tokens["completion_tokens"] * price[1]) / 1e6
     return round(total, 6) if total is not None else None
+
+
+def add_paid(stats: InferenceStats, paid: dict[str, list]) -> None:
+    """Put what the run's replies cost and the cached tokens among their prompt tokens
+    (``paid``: per model, [USD of the priced replies, cached tokens, unpriced replies]) in
+    ``stats.tokens_by_model`` (a model's ``cost_usd`` where every reply of it was priced),
+    and their totals in ``stats``."""
+    for model, (cost, cached, unpriced) in paid.items():
+        per_model = stats.tokens_by_model.setdefault(
+            model, {"prompt_tokens": 0, "completion_tokens": 0})
+        if cached:  # (a model's figures say nothing of caches that answered nothing)
+            per_model["cached_tokens"] = cached
+        if not unpriced:
+            # To the nano-dollar: a sum of many rows' float costs then rounds (to the
+            # micro-dollar, in metadata) as the same tokens at the same price do.
+            per_model["cost_usd"] = round(cost, 9)
+    paid_totals(stats)
+
+
+def paid_totals(stats: InferenceStats) -> None:
+    """``stats.cost_usd`` and ``stats.cached_tokens`` from its ``tokens_by_model`` (also of a
+    call whose figures are several runs' added up): the cost is None where a model's replies
+    were not all priced, 0 where nothing was paid."""
+    by_model = stats.tokens_by_model.values()
+    stats.cached_tokens = sum(t.get("cached_tokens", 0) for t in by_model)
+    paid = [t for t in by_model if t.get("prompt_tokens") or t.get("completion_tokens")]
+    stats.cost_usd = (round(sum(t["cost_usd"] for t in paid), 9)
+                      if all("cost_usd" in t for t in paid) else None)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DeferredError, ErrorType, RowError
 from ..ledger.table import DEFERRED, FAILED, OK, new_record
+from ..pricing import cost_at
 from ..results import RowStatus
 
 if TYPE_CHECKING:
@@ -152,17 +153,39 @@ class RowOutcomes:
     def _record(self, request: RowRequest, status: str, response: str | None = None,
                 error: str | None = None, error_type: str | None = None, attempts: int = 0,
                 endpoint: str | None = None, completion: Any = None) -> None:
+        model = request.model
         if completion is None:
             prompt_tokens = completion_tokens = 0
-            latency_ms = None
+            latency_ms = cached = cost = None
         else:
             prompt_tokens = completion.prompt_tokens
             completion_tokens = completion.completion_tokens
+            cached = completion.cached_tokens
             # To the microsecond (round(x, 3) costs several times this, once per record).
             latency_ms = round(completion.latency_s * 1_000_000) / 1000
+            # Priced at the endpoint that answered, online or as a batch line (the rates of
+            # each endpoint and model looked up once per run).
+            at_endpoint = self._rates.get(endpoint)
+            if at_endpoint is None:
+                at_endpoint = self._rates[endpoint] = {}
+            rates = at_endpoint.get(model, False)
+            if rates is False:
+                price = self.settings.price_at(model, endpoint)
+                rates = at_endpoint[model] = (
+                    price.per_token(batch=self._batch_priced) if price is not None else None)
+            paid = self._paid.get(model)
+            if paid is None:  # [USD of the priced replies, cached tokens, unpriced replies]
+                paid = self._paid[model] = [0.0, 0, 0]
+            paid[1] += cached
+            if rates is None:
+                cost = None
+                paid[2] += 1
+            else:
+                cost = cost_at(rates, prompt_tokens, completion_tokens, cached)
+                paid[0] += cost
         key = request.key
         self._writer.add(new_record(
-            key, self.scope, self.partition_key, request.model, status, response, error,
+            key, self.scope, self.partition_key, model, status, response, error,
             error_type, prompt_tokens, completion_tokens, attempts, endpoint, latency_ms,
-            self.run_id), key)
+            self.run_id, cached, cost), key)
 
