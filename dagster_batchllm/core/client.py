@@ -28,6 +28,7 @@ from .delivery.transport import make_transport
 from .errors import InferenceConfigError
 from .ledger.table import Ledger
 from .results import InferenceEstimate, InferenceResult
+from .run.budgets import check_planned_cost
 from .run.engine import InferenceRun
 from .run.figures import estimate_cost, paid_totals
 from .run.prompts import distinct_requests, row_tuples
@@ -176,6 +177,9 @@ class InferenceClient:
         budget = call.token_budget if call.token_budget is not None else self.settings.token_budget
         log = logger or self.log
         keep_keys = collect_keys or bool(supersede_stale and call.partition_key)
+        if call.budget_usd is not None:  # refused before anything is sent, if it may not do
+            await asyncio.to_thread(self._check_budget, call, task, frame,
+                                    batch=mode == "batch_api")
         if mode == "batch_api":
             run: Any = await BatchModeCall(self, call, task, frame, wait=wait,
                                            token_budget=budget, run_id=run_id, logger=log,
@@ -187,7 +191,7 @@ class InferenceClient:
                 task=task, delivery=self._online_delivery(task, log),
                 pool=self.pool, ledger=self.ledger, token_budget=budget,
                 partition_key=call.partition_key, run_id=run_id, scope=call.scope,
-                logger=log, collect_keys=keep_keys)
+                logger=log, collect_keys=keep_keys, budget_usd=call.budget_usd)
             await run.run()
         if supersede_stale and call.partition_key:
             await asyncio.to_thread(self.ledger.mark_superseded, call.partition_key, run.keys,
@@ -235,6 +239,18 @@ class InferenceClient:
         )
 
     # -- the parts of a call ---------------------------------------------------------------------
+    def _check_budget(self, call: CallBase, task: Task, frame: Any, *, batch: bool) -> None:
+        """Refuse a call whose distinct requests not answered by the ledger could cost more
+        than its ``budget_usd`` (see :mod:`.run.budgets`); rows the ledger holds cost
+        nothing. (Through a batch API the whole plan is checked here: the files' lines are
+        not reserved one by one.)"""
+        distinct, _invalid, _repeated = distinct_requests(task.requests(row_tuples(frame)),
+                                                          usable=None)
+        hits = self.ledger.lookup_ok(list(distinct), call.partition_key, call.scope)
+        check_planned_cost(self.settings, call.budget_usd,
+                           (item for key, item in distinct.items() if key not in hits),
+                           batch=batch)
+
     def _bind(self, df: Any, call: CallBase) -> tuple[CallBase, Any]:
         """The call bound to ``df`` and the settings, and the columns of ``df`` it reads."""
         if not isinstance(df, pd.DataFrame):

@@ -226,3 +226,97 @@ def test_a_postgresql_ledger_of_the_old_schema_gets_the_new_columns(postgres_url
         with engine.begin() as conn:
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
         engine.dispose()
+
+
+# -- the budget in USD ----------------------------------------------------------------------------
+
+BUDGET_PRICE = Price(input_per_mtok=1_000.0, output_per_mtok=3_000.0)  # cents a row
+
+
+@pytest.fixture
+def priced_client(make_settings):
+    import dataclasses
+
+    from dagster_batchllm.core.client import InferenceClient
+
+    clients = []
+
+    def build(sim, **overrides):
+        settings = make_settings(sim, **overrides)
+        client = InferenceClient(settings.replace(endpoints=tuple(
+            dataclasses.replace(e, prices=BUDGET_PRICE) for e in settings.endpoints)))
+        clients.append(client)
+        return client
+
+    yield build
+    for client in clients:
+        client.close()
+
+
+def _long_rows(n):
+    # Long prompts and short replies: a prompt's strict token bound (its bytes) is about four
+    # times the dry run's estimate (and the server's count), so reservations are generous.
+    return _frame(n, prefix="Classify this support ticket by urgency and topic, please: " * 3)
+
+
+def _budgeted(client, df, budget, **kwargs):
+    return client.infer(df, prompt="{text}", model=MODEL, output_column="out", max_tokens=8,
+                        budget_usd=budget, **kwargs)
+
+
+def test_a_plan_over_the_budget_is_refused_before_anything_is_sent(sim, priced_client):
+    from dagster_batchllm.core.errors import InferenceConfigError
+
+    client = priced_client(sim)
+    df = _long_rows(30)
+    plan = client.estimate(df, prompt="{text}", model=MODEL, output_column="out",
+                           max_tokens=8).estimated_cost_usd
+    with pytest.raises(InferenceConfigError) as refused:
+        _budgeted(client, df, round(plan * 0.9, 6))
+    message = str(refused.value)
+    assert f"${plan * 0.9:.6f}" in message and f"${plan:.6f}" in message  # both figures
+    assert "nothing was sent" in message
+    assert sim.stats(log=False)["requests"] == 0
+    assert client.ledger.status_counts()["ok"] == 0
+    # Rows the ledger holds cost nothing: once half are answered, the same budget covers it.
+    _budgeted(client, df.iloc[:15], plan)
+    sent = sim.stats(log=False)["requests"]
+    result = _budgeted(client, df, round(plan * 0.9, 6))
+    assert result.stats.cached == 15 and sim.stats(log=False)["requests"] - sent == 15
+
+
+def test_a_budget_without_a_price_is_refused_before_anything_is_sent(sim, make_client):
+    from dagster_batchllm.core.errors import InferenceConfigError
+
+    with pytest.raises(InferenceConfigError, match="needs a price for"):
+        _budgeted(make_client(sim), _frame(3), 1.0)
+    assert sim.stats(log=False)["requests"] == 0
+
+
+def test_the_run_stops_sending_before_what_it_paid_would_pass_the_budget(sim, priced_client):
+    n = 60
+    client = priced_client(sim)
+    df = _long_rows(n)
+    plan = client.estimate(df, prompt="{text}", model=MODEL, output_column="out",
+                           max_tokens=8).estimated_cost_usd
+    sim.configure(latency_s=0.005)
+    first = _budgeted(client, df, plan, partition_key="p")  # the plan fits, just
+
+    stats = first.stats
+    assert 0 < stats.deferred < n // 2 and stats.failed == 0
+    assert stats.succeeded + stats.deferred == n
+    assert first.df.loc[first.df["out"].isna(), "out_error"].str.contains("budget").all()
+    server = sim.stats(log=False)
+    assert server["requests"] == server["ok"] == stats.succeeded  # deferred rows: not sent
+    paid_at_server = BUDGET_PRICE.cost(server["prompt_tokens"], server["completion_tokens"])
+    assert paid_at_server <= plan  # 0 rows paid past the budget
+    assert stats.cost_usd == pytest.approx(paid_at_server)
+    assert _ledger_sum(client, "cost_usd", partition_key="p") == pytest.approx(paid_at_server)
+    counts = client.ledger.status_counts("p")
+    assert (counts["ok"], counts["deferred"]) == (stats.succeeded, stats.deferred)
+
+    # A rerun with more budget sends only the deferred rows.
+    second = _budgeted(client, df, plan, partition_key="p")
+    assert (second.stats.succeeded, second.stats.deferred) == (n, 0)
+    assert second.stats.cached == stats.succeeded
+    assert sim.stats(log=False)["requests"] == n and sim.stats(log=False)["duplicates"] == 0

@@ -88,3 +88,46 @@ def test_each_partitions_cost_in_the_metadata_is_the_sum_of_its_rows_costs_in_th
     assert materialized.metadata["batchllm/run/cost_usd"].value == 0.0
     assert materialized.metadata["batchllm/answers/cost_usd"].value == pytest.approx(
         _ledger_cost(llm.ledger, "a", "triage"), abs=1e-6)
+
+
+def test_the_asset_factory_and_the_component_take_a_budget_per_partition(
+        sim, make_llm_resource, instance, tmp_path):
+    import pandas as pd
+    import yaml
+    from dagster.components.testing import create_defs_folder_sandbox
+
+    from dagster_batchllm import BatchInferenceComponent, build_inference_asset
+
+    days = dg.StaticPartitionsDefinition(["a", "b"])
+
+    @dg.asset(partitions_def=days)
+    def tickets(context: dg.AssetExecutionContext) -> pd.DataFrame:
+        n = 40 if context.partition_key == "a" else 2  # "a" may cost more than its budget
+        return pd.DataFrame({"text": [f"{context.partition_key} ticket {i}" for i in range(n)]})
+
+    price = Price(input_per_mtok=1_000.0, output_per_mtok=1_000.0)
+    llm = make_llm_resource(sim, endpoint_kwargs={"prices": price})
+    per_row = price.upper_bound(20, 12)  # about what one row's plan is
+    asset = build_inference_asset(name="triage", source=tickets, partitions_def=days,
+                                  prompt="Triage: {text}", model=MODEL, output_column="label",
+                                  max_tokens=12, budget_usd=10 * per_row)
+    refused = dg.materialize([tickets, asset], resources={"llm": llm}, instance=instance,
+                             partition_key="a", raise_on_error=False)
+    assert not refused.success
+    assert "budget_usd" in str(refused.all_events) and sim.stats(log=False)["requests"] == 0
+    paid = dg.materialize([tickets, asset], resources={"llm": llm}, instance=instance,
+                          partition_key="b")
+    assert paid.success and sim.stats(log=False)["requests"] == 2  # its own budget fits
+
+    # The Component's YAML takes it as the call's other fields.
+    with create_defs_folder_sandbox() as sandbox:
+        path = sandbox.defs_folder_path / "budgeted"
+        path.mkdir()
+        (path / "defs.yaml").write_text(yaml.safe_dump({
+            "type": "dagster_batchllm.BatchInferenceComponent",
+            "attributes": {"name": "answers", "source": "questions", "prompt": "Q: {q}",
+                           "model": "sim-model", "output_column": "answer",
+                           "budget_usd": 0.25}}))
+        with sandbox.load_component_and_build_defs(defs_path=path) as (component, _defs):
+            assert isinstance(component, BatchInferenceComponent)
+            assert component.call_attributes()["budget_usd"] == 0.25

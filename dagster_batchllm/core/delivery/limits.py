@@ -27,6 +27,11 @@ class TokenBudget:
     def remaining(self) -> int:
         return self.total - self.spent - self.reserved
 
+    @property
+    def idle(self) -> bool:
+        """Nothing reserved: no settlement to wait for (what does not fit now never will)."""
+        return self.reserved == 0
+
     def try_reserve(self, tokens: int) -> bool:
         if tokens > self.remaining:
             return False
@@ -48,6 +53,36 @@ class TokenBudget:
     def _notify(self) -> None:
         if self._changed is not None:
             self._changed.set()
+
+
+class CostBudget(TokenBudget):
+    """A cap on the USD one call may spend: each request reserves the most it can cost (its
+    prompt's bound and max_tokens at the dearest price it may get) and settles to what its
+    reply cost. So what was paid never passes the cap, however many requests are in flight."""
+
+    def __init__(self, total_usd: float):
+        if not total_usd >= 0:
+            raise ValueError("budget_usd must not be negative")
+        super().__init__(0)
+        self.total = float(total_usd)
+        self.in_flight = 0
+
+    @property
+    def idle(self) -> bool:
+        return self.in_flight == 0  # (float reservations need not add back up to 0.0)
+
+    def try_reserve(self, usd: float) -> bool:  # type: ignore[override]
+        if self.spent + self.reserved + usd > self.total:
+            return False
+        self.reserved += usd
+        self.in_flight += 1
+        return True
+
+    def settle(self, reserved: float, actual: float) -> None:  # type: ignore[override]
+        self.in_flight -= 1
+        self.reserved = self.reserved - reserved if self.in_flight else 0.0
+        self.spent += actual
+        self._notify()
 
 
 class _Entry:

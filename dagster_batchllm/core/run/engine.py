@@ -27,7 +27,7 @@ from array import array
 from typing import Any
 
 from ..delivery.base import Attempts, Delivery
-from ..delivery.limits import TokenBudget
+from ..delivery.limits import CostBudget, TokenBudget
 from ..delivery.pool import EndpointPool
 from ..errors import DeferredError, InternalError, RowError
 from ..ledger.journal import AnswerJournal, fold_abandoned, journal_dir_for
@@ -36,6 +36,7 @@ from ..ledger.writer import LedgerUnwritable, LedgerWriter
 from ..results import InferenceStats, RowStatus
 from ..settings import InferenceSettings
 from ..tasks.base import Task
+from .budgets import RunBudgets
 from .coordination import RunCoordination
 from .figures import Progress, add_paid, estimate_cost, finish_stats
 from .gc_pacing import fewer_collections
@@ -65,7 +66,7 @@ class KeyState:
         self.outcome: tuple[int, Any, str | None, str | None] | None = None
 
 
-class InferenceRun(RowOutcomes):
+class InferenceRun(RowOutcomes, RunBudgets):
     def __init__(
         self,
         settings: InferenceSettings,
@@ -81,14 +82,18 @@ class InferenceRun(RowOutcomes):
         scope: str | None = None,
         logger: Any = None,
         collect_keys: bool = False,
+        budget_usd: float | None = None,
     ):
         """``task``: how rows become requests and replies values; ``delivery``: how requests
-        reach a model (arranged by the task's ``deliver``; see :mod:`..delivery.base`)."""
+        reach a model (arranged by the task's ``deliver``; see :mod:`..delivery.base`);
+        ``token_budget``, ``budget_usd``: see :mod:`.budgets`."""
         self.settings = settings
         self.inputs = inputs
         self.pool = pool
         self.ledger = ledger
         self.budget = TokenBudget(token_budget) if token_budget is not None else None
+        self.cost_budget = CostBudget(budget_usd) if budget_usd is not None else None
+        self._budgeted = self.budget is not None or self.cost_budget is not None
         self.partition_key = partition_key or ""
         self.scope = scope or ""
         self.run_id = run_id
@@ -321,15 +326,15 @@ class InferenceRun(RowOutcomes):
     async def _process(self, state: KeyState) -> None:
         await self._writer.wait_for_room()
         request = state.request
-        reserve = request.reserve_tokens
-        budget = self.budget
-        if budget is not None:
-            while not budget.try_reserve(reserve):
-                if budget.reserved == 0:
-                    self._settle_error(state, self._over_budget(reserve))
+        budgeted = self._budgeted
+        if budgeted:
+            while (refused := self._try_reserve(request)) is not None:
+                if refused.idle:  # nothing in flight to free any: it never fits in this call
+                    self._settle_error(state, self._over_budget(refused, request))
                     return
-                await budget.wait_for_settlement()
+                await refused.wait_for_settlement()
         attempts = Attempts()
+        completion = None
         try:
             completion = await self.delivery.send(request, attempts)
         except RowError as exc:
@@ -338,35 +343,37 @@ class InferenceRun(RowOutcomes):
         finally:
             self.stats.requests += attempts.sent
             self.stats.retries += max(0, attempts.count - 1)
-            if budget is not None:
-                budget.settle(reserve, attempts.spent)
+            if budgeted:
+                self._settle_budgets(request, attempts, completion)
         self._conclude(state, completion, attempts)
 
     async def _process_many(self, states: list[KeyState]) -> None:
         """``_process`` for a parcel: one ``send_many`` for the items the budget lets go now
         (in order; the rest wait for settlements as a single item does)."""
-        budget, stats = self.budget, self.stats
+        budgeted, stats = self._budgeted, self.stats
         pending = states
         while pending:
             await self._writer.wait_for_room()
             batch = pending
-            if budget is not None:
-                fits = 0
+            if budgeted:
+                fits, refused = 0, None
                 for state in pending:
-                    if not budget.try_reserve(state.request.reserve_tokens):
+                    refused = self._try_reserve(state.request)
+                    if refused is not None:
                         break
                     fits += 1
                 batch, pending = pending[:fits], pending[fits:]
                 if not batch:
-                    if budget.reserved == 0:
+                    if refused.idle:
                         state = pending.pop(0)
-                        self._settle_error(state, self._over_budget(state.request.reserve_tokens))
+                        self._settle_error(state, self._over_budget(refused, state.request))
                     else:
-                        await budget.wait_for_settlement()
+                        await refused.wait_for_settlement()
                     continue
             else:
                 pending = []
             attempts = [Attempts() for _ in batch]
+            results = None
             try:
                 results = await self.delivery.send_many([s.request for s in batch], attempts)
             finally:
@@ -377,9 +384,11 @@ class InferenceRun(RowOutcomes):
                         retried += tried.count - 1
                 stats.requests += sent
                 stats.retries += retried
-                if budget is not None:
-                    for state, tried in zip(batch, attempts, strict=True):
-                        budget.settle(state.request.reserve_tokens, tried.spent)
+                if budgeted:
+                    for j, (state, tried) in enumerate(zip(batch, attempts, strict=True)):
+                        reply = results[j] if results is not None else None
+                        self._settle_budgets(state.request, tried,
+                                             None if isinstance(reply, RowError) else reply)
             answered: list[tuple[KeyState, Any, Attempts]] = []
             kept: list[KeyState] = []  # deferred with the parcel's first kept deferral
             kept_error: DeferredError | None = None
@@ -399,12 +408,6 @@ class InferenceRun(RowOutcomes):
                                  ERROR_TYPE_VALUES[kept_error.error_type])
             if answered:
                 self._conclude_many(answered)
-
-    def _over_budget(self, reserve: int) -> DeferredError:
-        budget = self.budget
-        return DeferredError(
-            f"the token budget ({budget.total}) has {budget.remaining} tokens "
-            f"left, this request may need {reserve}; a later call will send it")
 
     # -- ledger writes -----------------------------------------------------------------------
     def _written_to_ledger(self, keys: list[str]) -> None:

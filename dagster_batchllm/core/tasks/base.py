@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from ..errors import InferenceConfigError, RowError
 from ..ledger.stores import validate_identifier
+from ..settings import described
 
 if TYPE_CHECKING:
     from ..delivery.base import Delivery
@@ -29,12 +30,25 @@ if TYPE_CHECKING:
 Call = TypeVar("Call", bound="CallBase")
 
 
-class CallBase:
+@dataclasses.dataclass(frozen=True)
+class _CallFields:
+    """The dataclass fields every job's call has, keyword-only (so they follow each call's
+    own fields, with or without defaults, in its ``__init__``)."""
+
+    budget_usd: float | None = described(
+        "Most USD this call (an asset's partition) may spend, at the prices of the endpoints: "
+        "refused before anything is sent when the rows to send could cost more, and while it "
+        "runs no request is sent whose most possible cost would pass it (those rows are "
+        "deferred to a later call, as with token_budget).", None, kw_only=True)
+
+
+class CallBase(_CallFields):
     """What every job's call has: the output and error columns, the ledger's scope and
     partition, the input columns it reads, its checks against a table, and its key material.
 
     Subclasses are frozen dataclasses with the fields ``output_column``, ``error_column``,
-    ``scope`` and ``partition_key``; they call :meth:`_check_common` from ``__post_init__``."""
+    ``scope`` and ``partition_key``; they call :meth:`_check_common` from ``__post_init__``.
+    Every call also has the keyword-only field ``budget_usd``."""
 
     #: The job's name in logs and the ledger ("chat", "embed", "predict", ...).
     job: ClassVar[str] = "job"
@@ -60,6 +74,10 @@ class CallBase:
         validate_identifier(self.error_column, "output column")
         set_(self, "scope", self.scope or "")
         set_(self, "partition_key", self.partition_key or "")
+        budget = self.budget_usd
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float)
+                                   or not budget >= 0):
+            raise InferenceConfigError(f"budget_usd must be a number >= 0 (USD), got {budget!r}.")
 
     # -- building ------------------------------------------------------------------------------
     @classmethod
