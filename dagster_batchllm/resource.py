@@ -258,6 +258,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
     http_client: Literal["aiohttp", "openai"] = _declared(InferenceSettings, "http_client")
     coordinate_runs: bool = _declared(InferenceSettings, "coordinate_runs")
     coordination_interval_s: float = _declared(InferenceSettings, "coordination_interval_s")
+    prefix_affinity: bool = _declared(InferenceSettings, "prefix_affinity")
     chunk_rows: int = _declared(InferenceSettings, "chunk_rows")
     ledger_flush_rows: int = _declared(InferenceSettings, "ledger_flush_rows")
     ledger_flush_interval_s: float = _declared(InferenceSettings, "ledger_flush_interval_s")

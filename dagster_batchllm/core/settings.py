@@ -205,6 +205,11 @@ class InferenceSettings:
     coordinate_runs: bool = described(
         "Split each endpoint's limits among the runs using it at once, through the ledger "
         "database (so a backfill of many runs does not multiply the load).", True)
+    prefix_affinity: bool = described(
+        "Send chat rows whose prompts share a long head (a system message, instructions, "
+        "few-shot examples: their first 1,024 bytes) to the endpoint that served that head "
+        "last, while it has room and is healthy, so its prefix cache (vLLM's) holds it; "
+        "False: every request to the least-loaded endpoint.", True)
     coordination_interval_s: float = described(
         "Seconds between a run's heartbeats in the ledger database, by which runs that share "
         "endpoints (coordinate_runs) see each other and split the limits.", 0.5)

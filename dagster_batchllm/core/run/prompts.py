@@ -34,6 +34,8 @@ _TEMPLATE_TOKENS_PER_REQUEST = 8
 _TYPICAL_CHARS_PER_TOKEN = 4
 # Rows rendered at once on the usual call's path (see TextBlocks).
 _BLOCK_ROWS = 1024
+# A request's prefix key hashes this many leading bytes of its body (see prefix_key).
+PREFIX_KEY_BYTES = 1024
 # The canonical form of a request body (its key is the hash of these bytes). One encoder for
 # every request: json.dumps with options builds a new one per call.
 _CANONICAL = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"),
@@ -54,6 +56,21 @@ class RowRequest:
     #: What a task that does not send ``body`` as it is needs of the row (an in-process model's
     #: feature values, an embedding input's text); None for a chat request.
     payload: Any = None
+    #: Requests with equal keys share a long head (see :func:`prefix_key`): the pool sends
+    #: them where the last one went, whose prefix cache holds it. None: no such head.
+    prefix_key: int | None = None
+
+
+def prefix_key(body: bytes) -> int | None:
+    """The prefix key of a request body: a hash of its first ``PREFIX_KEY_BYTES`` (1,024)
+    bytes, None for a body no longer than that (a short prompt gains little from a cache).
+
+    In the canonical body (sorted keys) those bytes are the few parameters that sort before
+    ``messages`` and then the messages' text from the first on: about 250 tokens of the system
+    message and the prompt. Rows that share an instruction of that length share the key, and
+    those that differ in it get different keys. Python's ``hash``: the key only routes within
+    this process, and a hash of 1 KB costs well under a microsecond."""
+    return hash(body[:PREFIX_KEY_BYTES]) if len(body) > PREFIX_KEY_BYTES else None
 
 
 def row_tuples(frame: Any) -> Iterator[tuple]:
@@ -82,20 +99,31 @@ def distinct_requests(items: Iterator[RowRequest | RowError],
 
 
 def iter_row_requests(
-    rows: Iterable[tuple], spec: InferenceCall, *, default_max_tokens: int
+    rows: Iterable[tuple], spec: InferenceCall, *, default_max_tokens: int,
+    prefix_keys: bool = False,
 ) -> Iterator[RowRequest | RowError]:
-    """Render each row (a tuple in ``spec.input_columns()`` order) into a request or an error."""
-    blocks = TextBlocks.of(spec, default_max_tokens)
+    """Render each row (a tuple in ``spec.input_columns()`` order) into a request or an error;
+    ``prefix_keys``: with each request's :func:`prefix_key`."""
+    blocks = TextBlocks.of(spec, default_max_tokens, prefix_keys)
     if blocks is None:
-        yield from _row_by_row(rows, spec, default_max_tokens=default_max_tokens)
+        made = _row_by_row(rows, spec, default_max_tokens=default_max_tokens)
+        yield from _with_prefix_keys(made) if prefix_keys else made
         return
     rows = iter(rows)
     while block := list(islice(rows, _BLOCK_ROWS)):
         made = blocks.requests(block)
         if made is None:  # a row off the usual case: each as the general path renders it
-            yield from _row_by_row(block, spec, default_max_tokens=default_max_tokens)
+            made = _row_by_row(block, spec, default_max_tokens=default_max_tokens)
+            yield from _with_prefix_keys(made) if prefix_keys else made
         else:
             yield from made
+
+
+def _with_prefix_keys(items: Iterator[RowRequest | RowError]) -> Iterator[RowRequest | RowError]:
+    for item in items:
+        if type(item) is RowRequest:
+            item.prefix_key = prefix_key(item.body)
+        yield item
 
 
 def _request_params(spec: InferenceCall, default_max_tokens: int) -> dict[str, Any]:
@@ -242,10 +270,11 @@ class TextBlocks:
     is left whole to :func:`_row_by_row`, which says why for each of its rows."""
 
     __slots__ = ("fields", "distinct", "literals", "positional", "prefix", "suffix", "model",
-                 "max_tokens", "fixed_chars", "fixed_bytes", "messages")
+                 "max_tokens", "fixed_chars", "fixed_bytes", "messages", "prefix_key",
+                 "key_per_row")
 
     def __init__(self, fields: list[int], literals: list[str], skeleton: _Skeleton,
-                 system: str | None, max_tokens: int):
+                 system: str | None, max_tokens: int, prefix_keys: bool = False):
         self.fields, self.literals = fields, literals
         self.distinct = list(dict.fromkeys(fields))  # the cells to check, once each
         # "{0}"-style, for templates of several fields; literal braces doubled back.
@@ -261,9 +290,21 @@ class TextBlocks:
             self.fixed_chars, self.fixed_bytes = len(system), len(system.encode("utf-8"))
         self.model, self.max_tokens = skeleton.model, max_tokens
         self.messages = 1 if system is None else 2
+        # Every row's body starts with the system message and the template's text before its
+        # first field: where those are PREFIX_KEY_BYTES long, every row has the same prefix key,
+        # hashed once here; otherwise each row's is its own body's, if asked for.
+        self.prefix_key, self.key_per_row = None, False
+        if prefix_keys:
+            head = self.prefix + encode_basestring(literals[0])[:-1]  # without the closing quote
+            head_bytes = head.encode("utf-8", "surrogatepass")
+            if len(head_bytes) >= PREFIX_KEY_BYTES:
+                self.prefix_key = hash(head_bytes[:PREFIX_KEY_BYTES])
+            else:
+                self.key_per_row = True
 
     @staticmethod
-    def of(spec: InferenceCall, default_max_tokens: int) -> TextBlocks | None:
+    def of(spec: InferenceCall, default_max_tokens: int, prefix_keys: bool = False
+           ) -> TextBlocks | None:
         """None where the call is not the usual case."""
         if (spec.prompt is None or spec.messages_column is not None or spec.images
                 or spec.model is None or spec.system_fields()):
@@ -292,7 +333,8 @@ class TextBlocks:
         skeleton = _Skeleton.of(spec.model, params, spec.system)
         if skeleton is None:
             return None
-        return TextBlocks(fields, literals, skeleton, system, int(params["max_tokens"]))
+        return TextBlocks(fields, literals, skeleton, system, int(params["max_tokens"]),
+                          prefix_keys)
 
     def requests(self, rows: list[tuple]) -> list[RowRequest] | None:
         """The rows' requests, or None if any row is not the usual case."""
@@ -314,7 +356,7 @@ class TextBlocks:
         fixed_bytes = self.fixed_bytes + _TEMPLATE_TOKENS_PER_MESSAGE * n + \
             _TEMPLATE_TOKENS_PER_REQUEST + max_tokens
         typical = 4 * n
-        sha256 = hashlib.sha256
+        sha256, key = hashlib.sha256, self.prefix_key
         made = []
         try:
             for text in texts:
@@ -323,9 +365,12 @@ class TextBlocks:
                 made.append(RowRequest(
                     sha256(body).hexdigest(), model, body,
                     (len(text) if text.isascii() else len(text.encode("utf-8"))) + fixed_bytes,
-                    math.ceil(chars / _TYPICAL_CHARS_PER_TOKEN) + typical, max_tokens))
+                    math.ceil(chars / _TYPICAL_CHARS_PER_TOKEN) + typical, max_tokens, None, key))
         except UnicodeEncodeError:  # a lone surrogate: the general path says so, for its row
             return None
+        if self.key_per_row:
+            for request in made:
+                request.prefix_key = prefix_key(request.body)
         return made
 
 

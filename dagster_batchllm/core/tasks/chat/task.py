@@ -24,9 +24,13 @@ class ChatTask(Task):
 
     route = CHAT_ROUTE
 
-    def __init__(self, call: InferenceCall, *, default_max_tokens: int):
+    def __init__(self, call: InferenceCall, *, default_max_tokens: int,
+                 prefix_affinity: bool = False):
         super().__init__(call)
         self.default_max_tokens = default_max_tokens
+        # Each request's prefix key, by which the pool sends rows that share a long head to
+        # one endpoint (its prefix cache then holds the head); without keys, least-loaded.
+        self.prefix_affinity = prefix_affinity
         # An image request holds its base64 body (~270 KB for a 200 KB page): 256 of them keep
         # memory flat in rows (bench/images.py: 0.3 KiB per extra row, 262 KiB at 4096).
         self.max_chunk_rows = _IMAGE_CHUNK_ROWS if call.images else None
@@ -34,7 +38,9 @@ class ChatTask(Task):
 
     @classmethod
     async def prepare(cls, call: InferenceCall, frame: Any, client: Any) -> ChatTask:
-        return cls(call, default_max_tokens=client.settings.default_max_tokens)
+        settings = client.settings
+        return cls(call, default_max_tokens=settings.default_max_tokens,
+                   prefix_affinity=settings.prefix_affinity)
 
     parse_reply = staticmethod(parse_completion)
     read_line = staticmethod(completion_from_payload)
@@ -43,7 +49,8 @@ class ChatTask(Task):
         return settings.models
 
     def requests(self, rows: Iterator[tuple]) -> Iterator[RowRequest | RowError]:
-        return iter_row_requests(rows, self.call, default_max_tokens=self.default_max_tokens)
+        return iter_row_requests(rows, self.call, default_max_tokens=self.default_max_tokens,
+                                 prefix_keys=self.prefix_affinity)
 
     def value(self, content: str) -> Any:
         return self._parser.parse(content)
