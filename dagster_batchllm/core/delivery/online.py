@@ -136,7 +136,8 @@ class OnlineDelivery(Delivery):
                 self._check_reachable(request.model)
             attempts.count += 1
             try:
-                lease = await pool.acquire(request.model, request.reserve_tokens)
+                lease = await pool.acquire(request.model, request.reserve_tokens,
+                                           request.prefix_key)
                 if writer.full:
                     # Checked again with the slot in hand: while this worker waited for it, the
                     # requests that freed slots added answers to write.

@@ -4,6 +4,16 @@ Every request asks the pool for a lease on one endpoint and gives it back with t
 pool never lets an endpoint hold more than ``max_concurrency`` leases, never admits a request its
 rate limits cannot take, and stops routing to an endpoint that keeps failing until a cool-down has
 passed and a single probe request has succeeded.
+
+Prefix affinity: a request with a prefix key (its prompt's long head, see
+``prompts.prefix_key``) goes to the endpoint that took that key last, while that one has room,
+its limits admit the request and it has not failed since; else to the least-loaded, which then
+owns the key. So the head stays in one endpoint's prefix cache rather than being computed on
+each, and a failing endpoint's keys move to the others. While every endpoint is busy, a freed
+slot would otherwise go to whichever request asks next, moving its key there: so a slot freed
+on an endpoint wakes a waiting request whose key that endpoint owns, and a request whose owner
+is full waits for it rather than take a slot already promised to a woken waiter. Only free
+slots nobody is woken for are taken from under another owner, so no capacity idles.
 """
 
 from __future__ import annotations
@@ -12,9 +22,10 @@ import asyncio
 import math
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 
 from ..errors import NoHealthyEndpointError, RequestTooLargeError, UnsupportedModelError
 from ..settings import EndpointSpec
@@ -23,11 +34,15 @@ from .limits import SlidingWindowLimiter
 # A waiter re-checks at least this often, so a lost wake-up can delay a request but never hang it.
 _MAX_WAIT_S = 1.0
 _MAX_COOLDOWN_FACTOR = 8
+# Prefix keys remembered per model, least recently used forgotten first: a few hundred KB.
+_MAX_PREFIX_KEYS = 4096
+# Waiters a freed slot looks through for one whose key its endpoint owns (then the first).
+_MATCH_WAITERS = 16
 
 
 def _wake_one(waiter: asyncio.Future) -> None:
     if not waiter.done():
-        waiter.set_result(None)
+        waiter.set_result(False)  # a timer's: no slot promised
 
 
 class EndpointState:
@@ -153,7 +168,14 @@ class EndpointPool:
         for state in self.endpoints:
             for model in state.spec.served_models:
                 self._by_model.setdefault(model, []).append(state)
-        self._waiters: dict[str, deque[asyncio.Future]] = {m: deque() for m in self._by_model}
+        # Per model, the requests waiting for a slot: (future, prefix key).
+        self._waiters: dict[str, deque[tuple[asyncio.Future, int | None]]] = {
+            m: deque() for m in self._by_model}
+        # Per model, waiters woken for a freed slot that have not yet run to take it.
+        self._promised: dict[str, int] = dict.fromkeys(self._by_model, 0)
+        # Per model, prefix key -> the endpoint that took it last (see the module's docstring).
+        self._owners: dict[str, OrderedDict[int, EndpointState]] = {
+            m: OrderedDict() for m in self._by_model}
         self.group = uuid.uuid4().hex[:8]  # names this pool's limiters to other runs
 
     def serves(self, model: str) -> bool:
@@ -163,7 +185,7 @@ class EndpointPool:
         states = self.endpoints if model is None else self._by_model.get(model, [])
         return sum(s.spec.max_concurrency for s in states)
 
-    async def acquire(self, model: str, tokens: int) -> Lease:
+    async def acquire(self, model: str, tokens: int, prefix_key: int | None = None) -> Lease:
         serving = self._by_model.get(model)
         if not serving:
             raise UnsupportedModelError(
@@ -171,29 +193,46 @@ class EndpointPool:
                 f"(served: {sorted(self._by_model)})"
             )
         while True:
-            lease, wait_s = self._try_acquire(serving, model, tokens)
+            lease, wait_s = self._try_acquire(serving, model, tokens, prefix_key)
             if lease is not None:
                 return lease
             loop = asyncio.get_running_loop()
             waiter = loop.create_future()
-            self._waiters[model].append(waiter)
+            self._waiters[model].append((waiter, prefix_key))
             # A timer rather than asyncio.wait_for: on Python 3.11 wait_for returns the result
             # of a waiter woken in the same loop turn as a cancellation and swallows the
             # cancellation, so a stopping run's worker would go on sending (and never end).
             timer = loop.call_later(min(wait_s, _MAX_WAIT_S), _wake_one, waiter)
             try:
-                await waiter
+                promised = await waiter
             except asyncio.CancelledError:
                 if waiter.done() and not waiter.cancelled():
+                    if waiter.result():
+                        self._promised[model] -= 1
                     self._wake(model)  # hand the wake-up we consumed to the next waiter
                 raise
             finally:
                 timer.cancel()
+            if promised:
+                self._promised[model] -= 1
 
     def _try_acquire(
-        self, serving: list[EndpointState], model: str, tokens: int
+        self, serving: list[EndpointState], model: str, tokens: int, prefix_key: int | None
     ) -> tuple[Lease | None, float]:
+        owner_full = False
+        if prefix_key is not None:
+            owners = self._owners[model]
+            owner = owners.get(prefix_key)
+            # Healthy (no failure since its last success), within its limits: the endpoint
+            # whose cache holds the head, if it has room, at no more cost than the loop below.
+            if (owner is not None and not owner.consecutive_failures
+                    and owner.admits_size(tokens) and owner.rate_wait_s(tokens) <= 0):
+                if owner.outstanding < owner.capacity:
+                    owners.move_to_end(prefix_key)
+                    return self._lease(owner, tokens), 0.0
+                owner_full = True
         now = self._clock()
+        room = 0  # free slots over the live endpoints
         best: EndpointState | None = None
         best_rank: tuple[int, int] = (-(1 << 30), 0)
         wait_s = math.inf
@@ -213,6 +252,8 @@ class EndpointPool:
             # Healthy endpoints first, then the most free capacity: an endpoint that fails at
             # once never has requests outstanding and would otherwise look the least loaded.
             rank = (-state.consecutive_failures, free)
+            if free > 0:
+                room += free
             if free <= 0 or rank <= best_rank:
                 continue
             rate_wait = state.rate_wait_s(tokens)
@@ -221,17 +262,14 @@ class EndpointPool:
                 continue
             best, best_rank = state, rank
         if best is not None:
-            best.outstanding += 1
-            best.requests += 1
-            probe = best.tripped
-            if probe:
-                best.probe_in_flight = True
-            return Lease(
-                endpoint=best,
-                request_entry=best.request_limiter.take(1) if best.request_limiter else None,
-                token_entry=best.token_limiter.take(tokens) if best.token_limiter else None,
-                probe=probe,
-            ), 0.0
+            if owner_full and room <= self._promised[model]:
+                return None, wait_s  # those slots are woken waiters': wait for the owner's
+            if prefix_key is not None:
+                owners[prefix_key] = best
+                owners.move_to_end(prefix_key)
+                if len(owners) > _MAX_PREFIX_KEYS:
+                    owners.popitem(last=False)
+            return self._lease(best, tokens), 0.0
         if not fits:
             limits = ", ".join(
                 f"'{s.spec.name}' tokens_per_minute={s.spec.tokens_per_minute} "
@@ -253,6 +291,20 @@ class EndpointPool:
             raise error
         return None, wait_s
 
+    @staticmethod
+    def _lease(state: EndpointState, tokens: int) -> Lease:
+        state.outstanding += 1
+        state.requests += 1
+        probe = state.tripped
+        if probe:
+            state.probe_in_flight = True
+        return Lease(
+            endpoint=state,
+            request_entry=state.request_limiter.take(1) if state.request_limiter else None,
+            token_entry=state.token_limiter.take(tokens) if state.token_limiter else None,
+            probe=probe,
+        )
+
     def release(self, lease: Lease, *, success: bool, unhealthy: bool,
                 actual_tokens: int | None) -> None:
         """Give a lease back. ``unhealthy`` failures feed the breaker; 429s and 4xx do not."""
@@ -273,7 +325,7 @@ class EndpointPool:
         if lease.token_entry is not None:
             state.token_limiter.settle(lease.token_entry, actual_tokens)
         for model in state.spec.served_models:
-            self._wake(model)
+            self._wake(model, state)
 
     def give_back_unused(self, lease: Lease) -> None:
         """Give back a lease whose request was never sent: as if it had not been taken."""
@@ -287,15 +339,30 @@ class EndpointPool:
         if lease.token_entry is not None:
             state.token_limiter.settle(lease.token_entry, 0)
         for model in state.spec.served_models:
-            self._wake(model)
+            self._wake(model, state)
 
-    def _wake(self, model: str) -> None:
+    def _wake(self, model: str, freed: EndpointState | None = None) -> None:
+        """Wake one waiter, promised a slot: of those first in line, one whose prefix key
+        ``freed`` (the endpoint with a slot free now) owns, else the first."""
         waiters = self._waiters.get(model)
+        if not waiters:
+            return
+        owners = self._owners[model]
+        if freed is not None and owners:
+            for i, (waiter, key) in enumerate(islice(waiters, _MATCH_WAITERS)):
+                if key is not None and owners.get(key) is freed and not waiter.done():
+                    del waiters[i]
+                    self._promise(model, waiter)
+                    return
         while waiters:
-            waiter = waiters.popleft()
+            waiter, _ = waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)
+                self._promise(model, waiter)
                 return
+
+    def _promise(self, model: str, waiter: asyncio.Future) -> None:
+        waiter.set_result(True)
+        self._promised[model] += 1
 
     def allocate(self, allocation: Allocation) -> None:
         """Use only this run's part of each endpoint (other runs use the rest); an empty
