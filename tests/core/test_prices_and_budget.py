@@ -320,3 +320,27 @@ def test_the_run_stops_sending_before_what_it_paid_would_pass_the_budget(sim, pr
     assert (second.stats.succeeded, second.stats.deferred) == (n, 0)
     assert second.stats.cached == stats.succeeded
     assert sim.stats(log=False)["requests"] == n and sim.stats(log=False)["duplicates"] == 0
+
+
+def test_batch_lines_cost_the_batch_price_in_the_ledger_and_in_the_stats(tmp_path):
+    from dagster_batchllm.core.client import InferenceClient
+    from dagster_batchllm.testing import SimulatedEndpoint
+
+    price = Price(input_per_mtok=2.0, output_per_mtok=6.0, batch_discount=0.5)
+    with SimulatedEndpoint(models=(MODEL,), api_key="sk-batch") as sim:
+        settings = InferenceSettings(
+            endpoints=(EndpointSpec(name="openai", base_url=sim.base_url, models=(MODEL,),
+                                    api_key="sk-batch", batch_api=True, prices=price),),
+            store_url=f"sqlite:///{tmp_path / 'ledger.db'}", batch_poll_initial_s=0.02,
+            batch_poll_max_s=0.2, ledger_flush_interval_s=0.05, progress_interval_s=60.0)
+        with InferenceClient(settings) as client:
+            result = client.infer(_frame(12), prompt="{text}", model=MODEL,
+                                  output_column="out", mode="batch_api", wait=True)
+            records = client.ledger.records()
+            stats = result.stats
+            assert stats.succeeded == 12 and stats.mode == "batch_api"
+            assert records["cost_usd"].tolist() == pytest.approx([price.cost(
+                p, c, batch=True) for p, c in zip(records["prompt_tokens"],
+                                                  records["completion_tokens"], strict=True)])
+            assert stats.cost_usd == pytest.approx(_ledger_sum(client, "cost_usd"))
+            assert stats.cost_usd == pytest.approx(stats.online_cost_usd * 0.5)
