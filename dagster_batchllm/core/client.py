@@ -73,6 +73,7 @@ class InferenceClient:
             settings.endpoints,
             failure_threshold=settings.breaker_failure_threshold,
             cooldown_s=settings.breaker_cooldown_s,
+            price_of=settings.price_at,  # of the endpoints with room, the cheaper goes first
         )
 
     @property

@@ -344,3 +344,32 @@ def test_batch_lines_cost_the_batch_price_in_the_ledger_and_in_the_stats(tmp_pat
                                                   records["completion_tokens"], strict=True)])
             assert stats.cost_usd == pytest.approx(_ledger_sum(client, "cost_usd"))
             assert stats.cost_usd == pytest.approx(stats.online_cost_usd * 0.5)
+
+
+# -- routing by price ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cheap_slots", [64, 2])
+def test_of_the_endpoints_with_room_the_cheaper_goes_first(make_settings, cheap_slots):
+    from dagster_batchllm.core.client import InferenceClient
+    from dagster_batchllm.testing import SimulatedEndpoint
+
+    with SimulatedEndpoint(models=(MODEL,)) as dear, SimulatedEndpoint(models=(MODEL,)) as cheap:
+        for sim in (dear, cheap):
+            sim.configure(latency_s=0.02)
+        settings = make_settings(dear, cheap)  # the dear one listed first
+        settings = settings.replace(endpoints=(
+            EndpointSpec(name="dear", base_url=dear.base_url, models=(MODEL,),
+                         max_concurrency=16, prices=Price(5.0, 15.0)),
+            EndpointSpec(name="cheap", base_url=cheap.base_url, models=(MODEL,),
+                         max_concurrency=cheap_slots, prices=Price(0.5, 1.5))))
+        with InferenceClient(settings) as client:
+            result = client.infer(_frame(40), prompt="{text}", model=MODEL,
+                                  output_column="out", max_tokens=8)
+        assert result.stats.succeeded == 40
+        sent = {name: sim.stats(log=False)["requests"]
+                for name, sim in (("dear", dear), ("cheap", cheap))}
+    if cheap_slots >= 40:  # room for every row: the dear endpoint gets none
+        assert sent == {"dear": 0, "cheap": 40}
+    else:  # full: the rest spill over to the dearer one
+        assert sent["cheap"] >= 2 and sent["dear"] > 0 and sum(sent.values()) == 40

@@ -23,9 +23,10 @@ import math
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import Any
 
 from ..errors import NoHealthyEndpointError, RequestTooLargeError, UnsupportedModelError
 from ..settings import EndpointSpec
@@ -157,7 +158,10 @@ class EndpointPool:
         failure_threshold: int = 5,
         cooldown_s: float = 10.0,
         clock=time.monotonic,
+        price_of: Callable[[str, str], Any] | None = None,
     ):
+        """``price_of(model, endpoint name)``: the model's Price there (None: not priced,
+        ranked as free), so of the endpoints with room the cheaper one goes first."""
         self._clock = clock
         self.endpoints = [
             EndpointState(s, failure_threshold=failure_threshold, cooldown_s=cooldown_s,
@@ -177,6 +181,10 @@ class EndpointPool:
         self._owners: dict[str, OrderedDict[int, EndpointState]] = {
             m: OrderedDict() for m in self._by_model}
         self.group = uuid.uuid4().hex[:8]  # names this pool's limiters to other runs
+        # Per model, what each endpoint serving it charges for a prompt and a completion token.
+        self._dearness: dict[str, dict[EndpointState, float]] = {
+            model: {state: _dearness(price_of, model, state.spec.name) for state in states}
+            for model, states in self._by_model.items()}
 
     def serves(self, model: str) -> bool:
         return model in self._by_model
@@ -234,7 +242,8 @@ class EndpointPool:
         now = self._clock()
         room = 0  # free slots over the live endpoints
         best: EndpointState | None = None
-        best_rank: tuple[int, int] = (-(1 << 30), 0)
+        best_rank: tuple[int, float, int] = (-(1 << 30), -math.inf, 0)
+        dearness = self._dearness[model]
         wait_s = math.inf
         alive = fits = False
         for state in serving:
@@ -249,9 +258,11 @@ class EndpointPool:
                 free = 0 if state.probe_in_flight else 1
             else:
                 free = state.capacity - state.outstanding
-            # Healthy endpoints first, then the most free capacity: an endpoint that fails at
-            # once never has requests outstanding and would otherwise look the least loaded.
-            rank = (-state.consecutive_failures, free)
+            # Healthy endpoints first (an endpoint that fails at once never has requests
+            # outstanding and would otherwise look the least loaded), then the cheapest for
+            # the model (the same model costs differently at each provider), then the most
+            # free capacity.
+            rank = (-state.consecutive_failures, -dearness[state], free)
             if free > 0:
                 room += free
             if free <= 0 or rank <= best_rank:
@@ -417,3 +428,8 @@ class EndpointPool:
             }
             for s in self.endpoints
         }
+
+
+def _dearness(price_of: Callable[[str, str], Any] | None, model: str, endpoint: str) -> float:
+    price = price_of(model, endpoint) if price_of is not None else None
+    return price.upper_bound(1, 1) if price is not None else 0.0
