@@ -34,6 +34,7 @@ _LAZY = {
     "InferenceResult": "dagster_batchllm.core.results",
     "InferenceStats": "dagster_batchllm.core.results",
     "InferenceEstimate": "dagster_batchllm.core.results",
+    "Plan": "dagster_batchllm.core.plan",
     "EndpointSpec": "dagster_batchllm.core.settings",
     "InferenceSettings": "dagster_batchllm.core.settings",
     "Ledger": "dagster_batchllm.core.ledger.table",
@@ -56,6 +57,7 @@ __all__ = [
     "InferenceClient",
     "InferenceConfigError",
     "InferenceEstimate",
+    "Plan",
     "InferenceResult",
     "InferenceSettings",
     "InferenceStats",
@@ -86,6 +88,7 @@ if TYPE_CHECKING:
     from .core.client import InferenceClient
     from .core.errors import BatchLLMError, ErrorType, InferenceConfigError
     from .core.ledger.table import Ledger
+    from .core.plan import Plan
     from .core.pricing import Price
     from .core.results import InferenceEstimate, InferenceResult, InferenceStats
     from .core.settings import EndpointSpec, InferenceSettings

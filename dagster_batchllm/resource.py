@@ -16,6 +16,7 @@ from pydantic import Field, PrivateAttr, field_validator
 
 from .core.client import InferenceClient
 from .core.errors import InferenceConfigError
+from .core.plan import Plan
 from .core.results import InferenceEstimate, InferenceResult
 from .core.settings import DESCRIPTION, EndpointSpec, InferenceSettings, MlflowModelSpec
 from .core.tasks.chat.call import InferenceCall
@@ -357,6 +358,11 @@ class BatchInferenceResource(dg.ConfigurableResource):
         :meth:`predict` with ``task="embed"`` / ``"predict"``, or any job's call): counts,
         tokens and cost; nothing is sent."""
         return self.client.estimate(df, call, **kwargs)
+
+    def plan(self, df: Any, call: Any = None, /, *, context: Any = None, **kwargs: Any) -> Plan:
+        """:meth:`estimate`'s forecast, calibrated by the ledger's past usage of the scope and
+        model (``context=`` fills them in as for :meth:`infer`): a ``Plan``; nothing is sent."""
+        return self.client.plan(df, call, **_context_kwargs(context, call, kwargs))
 
     def predict(self, df: Any, call: Any = None, /, *, context: Any = None,
                 **kwargs: Any) -> Any:

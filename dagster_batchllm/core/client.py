@@ -2,8 +2,9 @@
 
 ``infer`` (chat), ``embed`` and ``predict`` are doors onto :meth:`InferenceClient.arun_call`,
 which runs any call whose task is registered (:mod:`.tasks.base`) online or through a
-provider's batch API; ``estimate`` is the dry run of any of them. It imports no dagster, so
-plain scripts, the SQL functions and Spark executors use it directly;
+provider's batch API; ``estimate`` is the dry run of any of them, ``plan`` its forecast of
+what they cost. It imports no dagster, so plain scripts, the SQL functions and Spark
+executors use it directly;
 ``BatchInferenceResource`` is a thin Dagster door onto it.
 """
 
@@ -16,7 +17,7 @@ import math
 import os
 import signal
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pandas as pd
@@ -27,6 +28,7 @@ from .delivery.pool import EndpointPool
 from .delivery.transport import make_transport
 from .errors import InferenceConfigError
 from .ledger.table import Ledger
+from .plan import BATCH_API, ONLINE, DryCount, Plan, make_plan
 from .results import InferenceEstimate, InferenceResult
 from .run.budgets import check_planned_cost
 from .run.engine import InferenceRun
@@ -204,7 +206,48 @@ class InferenceClient:
                  **call_fields: Any) -> InferenceEstimate:
         """A dry run of ``infer`` (or of ``embed`` / ``predict``: ``task="embed"`` /
         ``"predict"``, or a call of that job) with the same arguments: nothing is sent.
-        ``requests_to_send`` counts requests (of several rows where the job groups them)."""
+        ``requests_to_send`` counts requests (of several rows where the job groups them);
+        its tokens and cost are the bound (4 characters per token, ``max_tokens``, the
+        dearest price); :meth:`plan` forecasts them."""
+        _call, counted = self._dry_run(df, call, task, call_fields)
+        tokens_by_model: dict[str, dict[str, int]] = {}
+        for item in counted.to_send:
+            per_model = tokens_by_model.setdefault(
+                item.model, {"prompt_tokens": 0, "completion_tokens": 0})
+            per_model["prompt_tokens"] += item.typical_prompt_tokens
+            per_model["completion_tokens"] += item.max_tokens
+        return InferenceEstimate(
+            rows=counted.rows,
+            requests_to_send=counted.requests_to_send,
+            rows_answered_by_ledger=counted.answered_by_ledger,
+            rows_deduplicated=counted.deduplicated,
+            invalid_rows=counted.invalid,
+            estimated_prompt_tokens=sum(t["prompt_tokens"] for t in tokens_by_model.values()),
+            max_completion_tokens=sum(t["completion_tokens"] for t in tokens_by_model.values()),
+            tokens_by_model=tokens_by_model,
+            estimated_cost_usd=estimate_cost(self.settings, tokens_by_model),
+        )
+
+    def plan(self, df: Any, call: CallBase | None = None, /, task: str = "chat", *,
+             mode: str = "online", run_id: str | None = None, supersede_stale: bool = False,
+             collect_keys: bool = False, logger: Any = None, wait: bool = True,
+             **call_fields: Any) -> Plan:
+        """What ``infer`` (or ``embed`` / ``predict`` / ``run_call``, as for :meth:`estimate`)
+        with the same arguments would send and cost, forecast from the ledger's past usage of
+        the same scope and model (see :mod:`.plan`); nothing is sent. ``mode`` picks the
+        delivery of ``plan.cost_usd``; ``plan.cost_by_delivery`` has every one offered.
+        (``run_id``, ``supersede_stale``, ``collect_keys``, ``logger``, ``wait``: taken so
+        that infer's arguments pass as they are; they change nothing sent.)"""
+        check_mode(mode, wait)
+        call, counted = self._dry_run(df, call, task, call_fields)
+        return make_plan(self.settings, self.ledger, counted, scope=call.scope,
+                         delivery=BATCH_API if mode == "batch_api" else ONLINE)
+
+    # -- the parts of a call ---------------------------------------------------------------------
+    def _dry_run(self, df: Any, call: CallBase | None, task: str,
+                 call_fields: dict[str, Any]) -> tuple[CallBase, DryCount]:
+        """The call of a dry run (of the job ``task`` names, or ``call``'s) and its count;
+        rows the online delivery would refuse (too long for the model) count as invalid."""
         if call is None or call_fields:
             kinds = {"chat": InferenceCall, "embed": EmbedCall, "predict": PredictCall}
             if call is None and task not in kinds:
@@ -214,43 +257,33 @@ class InferenceClient:
         call, frame = self._bind(df, call)
         job = run_sync(task_type_for(call).prepare(call, frame, self))
         delivery = job.deliver(self._online_delivery(job, self.log))
-        distinct, invalid, duplicates = distinct_requests(
-            job.requests(row_tuples(frame)), usable=lambda item: delivery.refusal(item) is None)
+        return call, self._count(call, job, frame,
+                                 usable=lambda item: delivery.refusal(item) is None)
+
+    def _count(self, call: CallBase, task: Task, frame: Any,
+               usable: Callable[[Any], bool] | None) -> DryCount:
+        """The one count of what a call would send (its distinct requests the ledger does
+        not answer): what estimate(), plan() and budget_usd's check read."""
+        distinct, invalid, duplicates = distinct_requests(task.requests(row_tuples(frame)),
+                                                          usable=usable)
         hits = self.ledger.lookup_ok(list(distinct), call.partition_key, call.scope)
         missing = [item for key, item in distinct.items() if key not in hits]
-        tokens_by_model: dict[str, dict[str, int]] = {}
-        for item in missing:
-            per_model = tokens_by_model.setdefault(
-                item.model, {"prompt_tokens": 0, "completion_tokens": 0})
-            per_model["prompt_tokens"] += item.typical_prompt_tokens
-            per_model["completion_tokens"] += item.max_tokens
-        by_count = math.ceil(len(missing) / job.items_per_request)
-        cap = job.max_request_tokens
+        by_count = math.ceil(len(missing) / task.items_per_request)
+        cap = task.max_request_tokens
         by_tokens = math.ceil(sum(i.reserve_tokens for i in missing) / cap) if cap else 0
-        return InferenceEstimate(
-            rows=len(df),
-            requests_to_send=max(by_count, by_tokens),
-            rows_answered_by_ledger=len(distinct) - len(missing),
-            rows_deduplicated=duplicates,
-            invalid_rows=invalid,
-            estimated_prompt_tokens=sum(t["prompt_tokens"] for t in tokens_by_model.values()),
-            max_completion_tokens=sum(t["completion_tokens"] for t in tokens_by_model.values()),
-            tokens_by_model=tokens_by_model,
-            estimated_cost_usd=estimate_cost(self.settings, tokens_by_model),
-        )
+        return DryCount(rows=len(frame), to_send=missing,
+                        answered_by_ledger=len(distinct) - len(missing),
+                        deduplicated=duplicates, invalid=invalid,
+                        requests_to_send=max(by_count, by_tokens))
 
-    # -- the parts of a call ---------------------------------------------------------------------
     def _check_budget(self, call: CallBase, task: Task, frame: Any, *, batch: bool) -> None:
-        """Refuse a call whose distinct requests not answered by the ledger could cost more
-        than its ``budget_usd`` (see :mod:`.run.budgets`); rows the ledger holds cost
-        nothing. (Through a batch API the whole plan is checked here: the files' lines are
-        not reserved one by one.)"""
-        distinct, _invalid, _repeated = distinct_requests(task.requests(row_tuples(frame)),
-                                                          usable=None)
-        hits = self.ledger.lookup_ok(list(distinct), call.partition_key, call.scope)
-        check_planned_cost(self.settings, call.budget_usd,
-                           (item for key, item in distinct.items() if key not in hits),
-                           batch=batch)
+        """Refuse a call whose plan (its distinct requests not answered by the ledger, at the
+        delivery it uses) costs more than its ``budget_usd`` (see :mod:`.run.budgets`); rows
+        the ledger holds cost nothing."""
+        counted = self._count(call, task, frame, usable=None)
+        check_planned_cost(self.settings, call.budget_usd, make_plan(
+            self.settings, self.ledger, counted, scope=call.scope,
+            delivery=BATCH_API if batch else ONLINE))
 
     def _bind(self, df: Any, call: CallBase) -> tuple[CallBase, Any]:
         """The call bound to ``df`` and the settings, and the columns of ``df`` it reads."""

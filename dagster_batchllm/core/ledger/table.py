@@ -46,23 +46,26 @@ def new_record(key: str, scope: str, partition_key: str, model: str, status: str
                response: str | None, error: str | None, error_type: str | None,
                prompt_tokens: int, completion_tokens: int, attempts: int,
                endpoint: str | None, latency_ms: float | None, run_id: str | None,
-               cached_tokens: int | None = None, cost_usd: float | None = None
-               ) -> dict[str, Any]:
+               cached_tokens: int | None = None, cost_usd: float | None = None,
+               estimated_prompt_tokens: int | None = None) -> dict[str, Any]:
     """One ledger record as every writer makes it: every column the upsert writes (so all of
     a write's records share its fast road). ``cost_usd``: what the reply cost at the price
-    of the endpoint that gave it (None: no reply, or no price)."""
+    of the endpoint that gave it (None: no reply, or no price). ``estimated_prompt_tokens``:
+    ``RowRequest.typical_prompt_tokens``, which plans calibrate by (:mod:`..plan`)."""
     return {"request_key": key, "scope": scope, "partition_key": partition_key,
             "model": model, "status": status, "response": response, "error": error,
             "error_type": error_type, "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens, "attempts": attempts,
             "endpoint": endpoint, "latency_ms": latency_ms, "run_id": run_id,
-            "cached_tokens": cached_tokens, "cost_usd": cost_usd}
+            "cached_tokens": cached_tokens, "cost_usd": cost_usd,
+            "estimated_prompt_tokens": estimated_prompt_tokens}
 
 
 # Columns added after the first ledgers were made: nullable, and added to an older table when
 # it is opened (Ledger._add_new_columns). A record that lacks them (a journal of an older
 # version) writes NULL.
-_ADDED_COLUMNS = {"cached_tokens": sa.Integer, "cost_usd": sa.Float}
+_ADDED_COLUMNS = {"cached_tokens": sa.Integer, "cost_usd": sa.Float,
+                  "estimated_prompt_tokens": sa.Integer}
 
 
 def _ledger_table(name: str) -> sa.Table:

@@ -2,17 +2,16 @@
 request and settled from its reply.
 
 Before a call sends anything, :func:`check_planned_cost` refuses it when the rows it would
-send may cost more than its budget (the dry run's figures: estimated prompt tokens and
-``max_tokens`` at the dearest price). While it runs, each request reserves its most possible
-cost (its prompt's strict token bound and ``max_tokens`` at that price), so what was paid can
-never pass the budget, however many requests are in flight: a request whose reservation does
-not fit waits for those in flight to settle, and is deferred when none is left to wait for.
+send are planned to cost more than its budget (the call's :class:`~..plan.Plan`). While it
+runs, each request reserves its most possible cost (its prompt's strict token bound and
+``max_tokens`` at the dearest price), so what was paid can never pass the budget, however
+many requests are in flight: a request whose reservation does not fit waits for those in
+flight to settle, and is deferred when none is left to wait for.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..delivery.limits import CostBudget, TokenBudget
@@ -21,17 +20,16 @@ from ..pricing import cost_at
 
 if TYPE_CHECKING:
     from ..delivery.base import Attempts
+    from ..plan import Plan
     from ..settings import InferenceSettings
     from .prompts import RowRequest
 
 
-def cost_bound(settings: InferenceSettings, request: RowRequest, *, batch: bool,
-               planned: bool = False) -> float:
-    """The most ``request`` can cost: its prompt's token bound (``planned``: the dry run's
-    estimate of its prompt tokens) and its max_tokens at the dearest price of its model (inf
-    where the model has no price and the request has tokens)."""
-    prompt = (request.typical_prompt_tokens if planned
-              else max(0, request.reserve_tokens - request.max_tokens))
+def cost_bound(settings: InferenceSettings, request: RowRequest, *, batch: bool) -> float:
+    """The most ``request`` can cost: its prompt's strict token bound and its max_tokens at
+    the dearest price of its model (inf where the model has no price and the request has
+    tokens)."""
+    prompt = max(0, request.reserve_tokens - request.max_tokens)
     if not (prompt or request.max_tokens):
         return 0.0  # (an in-process model's prediction)
     price = settings.price_at(request.model)
@@ -40,32 +38,30 @@ def cost_bound(settings: InferenceSettings, request: RowRequest, *, batch: bool,
     return price.upper_bound(prompt, request.max_tokens, batch=batch)
 
 
-def check_planned_cost(settings: InferenceSettings, budget_usd: float,
-                       to_send: Iterable[RowRequest], *, batch: bool) -> float:
-    """Raise ``InferenceConfigError`` (naming both figures) when the requests ``to_send``
-    (distinct, not answered by the ledger) would cost more than ``budget_usd`` by the dry
-    run's figures (their estimated prompt tokens and max_tokens, at the dearest price);
-    returns that cost. (While the run goes, each request reserves its stricter bound.)"""
-    total, count, unpriced = 0.0, 0, set()
-    for request in to_send:
-        bound = cost_bound(settings, request, batch=batch, planned=True)
-        count += 1
-        if bound == math.inf:
-            unpriced.add(request.model)
-        else:
-            total += bound
+def check_planned_cost(settings: InferenceSettings, budget_usd: float, plan: Plan) -> float:
+    """Raise ``InferenceConfigError`` (naming both figures) when ``plan`` (the call's
+    :class:`~..plan.Plan`: its requests not answered by the ledger, at the delivery it uses)
+    costs more than ``budget_usd``; returns that cost. The plan's figures are a forecast, not
+    a bound (calibrated by the ledger's past records, else the 4-characters estimate and
+    max_tokens), so this refuses only what is not expected to fit: what the run pays is kept
+    within the budget by each request's reservation of its strict bound as it goes."""
+    unpriced = sorted(model for model, figures in plan.by_model.items()
+                      if (figures["input_tokens"] or figures["expected_output_tokens"])
+                      and settings.price_at(model) is None)
     if unpriced:
         raise InferenceConfigError(
-            f"budget_usd={budget_usd:g} needs a price for {sorted(unpriced)}: set "
+            f"budget_usd={budget_usd:g} needs a price for {unpriced}: set "
             "Endpoint(prices=...) (or the resource's prices=[ModelPrice(...)]); nothing was "
             "sent.")
-    if total > budget_usd:
+    cost = plan.cost_usd
+    if cost is None:  # priced, but not at this delivery: the delivery refuses the call itself
+        return 0.0
+    if cost > budget_usd:
         raise InferenceConfigError(
-            f"budget_usd is ${budget_usd:.6f}, but the {count:,} requests to send may cost "
-            f"up to ${total:.6f} (their estimated prompt tokens and max_tokens at the dearest "
-            f"price of their models{', batch price' if batch else ''}); nothing was sent. "
-            "Raise budget_usd, lower max_tokens, or send fewer rows.")
-    return total
+            f"budget_usd is ${budget_usd:.6f}, but the {plan.rows_to_send:,} requests to send "
+            f"are planned to cost ${cost:.6f} ({plan.delivery}; {plan.basis}); nothing was "
+            "sent. Raise budget_usd, lower max_tokens, or send fewer rows.")
+    return cost
 
 
 class RunBudgets:

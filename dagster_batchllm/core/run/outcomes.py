@@ -156,8 +156,10 @@ class RowOutcomes:
         model = request.model
         if completion is None:
             prompt_tokens = completion_tokens = 0
-            latency_ms = cached = cost = None
+            latency_ms = cached = cost = estimated = None
         else:
+            # Beside what the server counted, what the dry run estimated: plans calibrate by it.
+            estimated = request.typical_prompt_tokens
             prompt_tokens = completion.prompt_tokens
             completion_tokens = completion.completion_tokens
             cached = completion.cached_tokens
@@ -187,5 +189,5 @@ class RowOutcomes:
         self._writer.add(new_record(
             key, self.scope, self.partition_key, model, status, response, error,
             error_type, prompt_tokens, completion_tokens, attempts, endpoint, latency_ms,
-            self.run_id, cached, cost), key)
+            self.run_id, cached, cost, estimated), key)
 

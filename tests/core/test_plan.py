@@ -1,0 +1,138 @@
+"""plan(): what a call would send and cost, forecast from the ledger's past usage."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from dagster_batchllm import Plan, Price
+from dagster_batchllm.core.client import InferenceClient
+from dagster_batchllm.core.plan import MIN_CALIBRATION_RECORDS
+
+MODEL = "sim-model"
+PRICE = Price(input_per_mtok=2.0, output_per_mtok=8.0, cached_input_per_mtok=0.5)
+
+
+def _priced(settings, **endpoint_changes):
+    return settings.replace(endpoints=tuple(
+        dataclasses.replace(e, prices=PRICE, **endpoint_changes) for e in settings.endpoints))
+
+
+def _rows(start, n, words=6):
+    # Texts of different lengths (the simulator's replies echo them, so they vary too).
+    return pd.DataFrame({"text": [f"ticket {i:05d}: " + "the printer jams again " * (1 + i % words)
+                                  for i in range(start, start + n)]})
+
+
+CALL = dict(prompt="Classify this ticket: {text}", model=MODEL, output_column="label",
+            max_tokens=64, scope="tickets")
+
+
+def test_a_plan_sends_nothing_and_leaves_out_ledger_hits_and_duplicates(sim, make_settings):
+    with InferenceClient(_priced(make_settings(sim))) as client:
+        empty = client.plan(_rows(0, 10), **CALL, partition_key="a")
+        assert isinstance(empty, Plan) and empty.rows_to_send == 10
+        assert empty.basis.startswith(f"{MODEL}: bound: 4 characters per token")
+        assert empty.expected_output_tokens == 10 * 64 and empty.cached_share == 0
+        # The bound is estimate()'s figures.
+        bound = client.estimate(_rows(0, 10), **CALL, partition_key="a")
+        assert empty.input_tokens == bound.estimated_prompt_tokens
+        assert empty.cost_usd == pytest.approx(bound.estimated_cost_usd, abs=1e-6)
+        assert sim.stats(log=False)["requests"] == 0
+
+        client.infer(_rows(0, 4), **CALL, partition_key="a")
+        sent = sim.stats(log=False)["requests"]
+        df = pd.concat([_rows(0, 10), _rows(0, 3)], ignore_index=True)  # 3 repeated rows
+        df.loc[len(df)] = [None]  # an invalid row
+        plan = client.plan(df, **CALL, partition_key="a", mode="online", run_id="ignored")
+        assert (plan.rows, plan.rows_to_send, plan.rows_answered_by_ledger,
+                plan.rows_deduplicated, plan.invalid_rows) == (14, 6, 4, 3, 1)
+        assert plan.requests_to_send == 6 and sim.stats(log=False)["requests"] == sent
+        assert "online" in plan.summary() and "6 to send" in plan.summary()
+
+
+def test_after_a_run_the_plan_is_calibrated_and_close_to_what_the_next_one_pays(
+        sim, make_settings):
+    with InferenceClient(_priced(make_settings(sim))) as client:
+        client.infer(_rows(0, 120), **CALL, partition_key="day1")
+        plan = client.plan(_rows(1000, 120), **CALL, partition_key="day2")
+        assert plan.basis.startswith(f"{MODEL}: calibrated from 120 past records of scope "
+                                     "'tickets'")
+        assert plan.by_model[MODEL]["calibrated"]
+        paid = client.infer(_rows(1000, 120), **CALL, partition_key="day2").stats
+    assert plan.input_tokens == pytest.approx(paid.prompt_tokens, rel=0.05)
+    assert plan.expected_output_tokens == pytest.approx(paid.completion_tokens, rel=0.2)
+    assert plan.cost_usd == pytest.approx(paid.cost_usd, rel=0.2)
+    # The bound (max_tokens for every reply) would have been well above it.
+    assert plan.expected_output_tokens < 120 * 64 * 0.8
+
+
+def test_too_few_past_records_keep_the_bound(sim, make_settings):
+    with InferenceClient(_priced(make_settings(sim))) as client:
+        client.infer(_rows(0, MIN_CALIBRATION_RECORDS - 1), **CALL, partition_key="day1")
+        plan = client.plan(_rows(1000, 10), **CALL, partition_key="day2")
+    assert plan.basis.startswith(f"{MODEL}: bound") and "19 past records" in plan.basis
+
+
+def test_a_call_without_a_scope_is_calibrated_by_the_model_and_says_so(sim, make_settings):
+    unscoped = {k: v for k, v in CALL.items() if k != "scope"}
+    with InferenceClient(_priced(make_settings(sim))) as client:
+        client.infer(_rows(0, 30), **CALL)
+        plan = client.plan(_rows(1000, 10), **unscoped)
+    assert "past records of model 'sim-model' (no scope)" in plan.basis
+
+
+def test_cost_by_delivery_has_the_batch_price_where_a_batch_endpoint_serves_the_model(
+        sim, make_settings):
+    with InferenceClient(_priced(make_settings(sim))) as client:
+        assert set(client.plan(_rows(0, 5), **CALL).cost_by_delivery) == {"online"}
+    with InferenceClient(_priced(make_settings(sim), batch_api=True)) as client:
+        online = client.plan(_rows(0, 5), **CALL)
+        batch = client.plan(_rows(0, 5), **CALL, mode="batch_api")
+    assert online.cost_by_delivery["batch_api"] == pytest.approx(
+        online.cost_by_delivery["online"] * PRICE.batch_discount)
+    assert (online.delivery, online.cost_usd) == ("online", online.cost_by_delivery["online"])
+    assert batch.cost_usd == batch.cost_by_delivery["batch_api"]
+
+
+def test_the_cached_share_comes_from_past_records(make_settings):
+    from dagster_batchllm.testing import SimulatedEndpoint
+
+    shared = "You are a careful classifier of support tickets. " * 8
+    call = {**CALL, "prompt": shared + "{text}"}
+    with SimulatedEndpoint(models=(MODEL,), prefix_cache_tokens=100_000) as sim:
+        settings = _priced(make_settings(sim, endpoint_kwargs={"max_concurrency": 1}))
+        with InferenceClient(settings) as client:
+            first = client.infer(_rows(0, 40), **call, partition_key="day1").stats
+            plan = client.plan(_rows(1000, 40), **call, partition_key="day2")
+    assert plan.cached_share == pytest.approx(first.cached_share, rel=1e-6)
+    assert 0 < plan.cached_share < 1
+    uncached = PRICE.cost(plan.input_tokens, plan.expected_output_tokens)
+    assert plan.cost_usd < uncached  # the cached tokens at the cached price
+
+
+def test_budget_usd_checks_the_plan(sim, make_settings):
+    from dagster_batchllm.core.errors import InferenceConfigError
+
+    with InferenceClient(_priced(make_settings(sim))) as client:
+        client.infer(_rows(0, 60), **CALL, partition_key="day1")
+        plan = client.plan(_rows(1000, 60), **CALL, partition_key="day2")
+        with pytest.raises(InferenceConfigError, match="planned to cost") as refused:
+            client.infer(_rows(1000, 60), **CALL, partition_key="day2",
+                         budget_usd=plan.cost_usd * 0.5)
+        assert "calibrated from 60 past records" in str(refused.value)
+        # A budget the forecast fits is not refused (the bound, max_tokens a reply, is not).
+        bound = client.estimate(_rows(1000, 60), **CALL).estimated_cost_usd
+        assert plan.cost_usd * 1.3 < bound
+        result = client.infer(_rows(1000, 60), **CALL, partition_key="day2",
+                              budget_usd=plan.cost_usd * 1.3)
+    assert result.stats.succeeded + result.stats.deferred == 60
+
+
+def test_the_resource_plans_with_the_same_arguments(sim, make_llm_resource):
+    llm = make_llm_resource(sim)
+    plan = llm.plan(_rows(0, 5), **CALL)
+    assert plan.rows_to_send == 5 and plan.cost_usd is None  # no price set: not priced
+    assert "not priced" in plan.summary() and sim.stats(log=False)["requests"] == 0
