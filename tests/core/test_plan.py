@@ -136,3 +136,45 @@ def test_the_resource_plans_with_the_same_arguments(sim, make_llm_resource):
     plan = llm.plan(_rows(0, 5), **CALL)
     assert plan.rows_to_send == 5 and plan.cost_usd is None  # no price set: not priced
     assert "not priced" in plan.summary() and sim.stats(log=False)["requests"] == 0
+
+
+def test_records_written_without_an_estimate_do_not_calibrate(sim, make_settings):
+    with InferenceClient(_priced(make_settings(sim))) as client:
+        client.infer(_rows(0, 40), **CALL, partition_key="day1")
+        table = client.ledger.table
+        with client.ledger.engine.begin() as conn:  # as a ledger of an earlier version holds them
+            conn.execute(table.update().values(estimated_prompt_tokens=None))
+        plan = client.plan(_rows(1000, 10), **CALL, partition_key="day2")
+    assert plan.basis.startswith(f"{MODEL}: bound") and "0 past records" in plan.basis
+
+
+def test_embeddings_are_planned_too(embed_sim, make_settings):
+    settings = make_settings(embed_sim, endpoint_kwargs={"embedding_models": ("sim-embed",)})
+    settings = settings.replace(endpoints=tuple(
+        dataclasses.replace(e, prices={"sim-embed": Price(0.1, 0.0)})
+        for e in settings.endpoints))
+    df = pd.DataFrame({"text": [f"document {i} " * (1 + i % 5) for i in range(50)]})
+    call = dict(task="embed", input_column="text", model="sim-embed", scope="docs")
+    with InferenceClient(settings) as client:
+        before = client.plan(df.iloc[:25], **call)
+        assert before.expected_output_tokens == 0 and before.cost_usd > 0
+        client.embed(df.iloc[:25], input_column="text", model="sim-embed", scope="docs")
+        after = client.plan(df.iloc[25:], **call)
+        paid = client.embed(df.iloc[25:], input_column="text", model="sim-embed",
+                            scope="docs").stats
+    assert after.by_model["sim-embed"]["calibrated"]
+    assert after.cost_usd == pytest.approx(paid.cost_usd, rel=0.2)
+
+
+def test_online_the_plan_prices_at_the_cheapest_endpoint_serving_the_model(tmp_path):
+    from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
+
+    cheap, dear = Price(0.5, 1.5), Price(5.0, 15.0)
+    settings = InferenceSettings(endpoints=tuple(
+        EndpointSpec(name=name, base_url="http://127.0.0.1:9/v1", models=(MODEL,), prices=price)
+        for name, price in (("dear", dear), ("cheap", cheap))),
+        store_url=f"sqlite:///{tmp_path / 'ledger.db'}")
+    with InferenceClient(settings) as client:
+        plan = client.plan(_rows(0, 10), **CALL)
+    assert plan.cost_usd == pytest.approx(cheap.cost(plan.input_tokens,
+                                                     plan.expected_output_tokens))
