@@ -47,11 +47,14 @@ def _spec_default(spec_field: dataclasses.Field):
 
 
 def _config_default(config_field):
-    """As the spec holds it: config lists are the specs' tuples."""
+    """As the spec holds it: config lists are the specs' tuples, config mappings (an
+    endpoint's prices by model) the specs' sorted (key, value) pairs."""
     if config_field.default_factory is not None:
         value = config_field.default_factory()
     else:
         value = config_field.default
+    if isinstance(value, dict):
+        return tuple(sorted(value.items()))
     return tuple(value) if isinstance(value, list) else value
 
 
