@@ -220,10 +220,29 @@ class ModelServer:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        # The CLI can end before its uvicorn worker, which would go on answering on the port:
+        # a server started next on the same port (a redeploy) would pass its /ping through
+        # the old one. The group goes, and the port is closed, before stop() returns.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        _wait_port_closed(self.port, timeout_s=10.0)
         self._log.close()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _wait_port_closed(port: int, timeout_s: float) -> None:
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            sock.settimeout(0.2)
+            if sock.connect_ex(("127.0.0.1", port)) != 0:
+                return
+        time.sleep(0.05)
 
 
 def _free_port() -> int:
