@@ -63,8 +63,8 @@ def result_lines(draw, odd: bool | None):
 
 
 def _per_line(raw: bytes):
-    """A line's (key, text, prompt and completion tokens, finish reason) as the per-line
-    reader reads it; None where it is no answer."""
+    """A line's (key, text, prompt and completion tokens, finish reason, cached tokens) as the
+    per-line reader reads it; None where it is no answer."""
     result = PROTOCOL._read_line(raw)
     if result.error is not None:
         return None
@@ -73,7 +73,7 @@ def _per_line(raw: bytes):
     except RowError:
         return None
     return (result.request_key, answer.content, answer.prompt_tokens,
-            answer.completion_tokens, answer.finish_reason)
+            answer.completion_tokens, answer.finish_reason, answer.cached_tokens)
 
 
 def chat_answers(raws: list[bytes]) -> list[tuple | None]:
@@ -111,7 +111,10 @@ def test_the_usual_answers_are_all_read_in_arrow():
                     "index": 0, "message": {"role": "assistant", "content": content},
                     "finish_reason": "stop", "logprobs": None}],
                 "usage": {"prompt_tokens": 10 + i, "completion_tokens": i,
-                          "total_tokens": 10 + 2 * i}}}, "error": None}).encode()
+                          "total_tokens": 10 + 2 * i,
+                          # a prompt cache's hits where the server reports them (vLLM, OpenAI)
+                          **({"prompt_tokens_details": {"cached_tokens": i % 7}}
+                             if i % 3 else {})}}}, "error": None}).encode()
 
     raws = [line(i, f"answer {i} \u00e9\U0001F600 \"quoted\"\n") for i in range(50)]
     raws.insert(7, json.dumps({"id": "e", "custom_id": "failed", "response": {
@@ -122,6 +125,7 @@ def test_the_usual_answers_are_all_read_in_arrow():
     read = [a for a in answers if a is not None]
     assert len(read) == 50
     assert read == [_per_line(raw) for raw in raws if raw != raws[7]]
+    assert sum(answer[-1] for answer in read) > 0  # the cached tokens, read in Arrow too
 
 
 def test_a_block_arrow_cannot_read_is_left_to_the_per_line_reader():

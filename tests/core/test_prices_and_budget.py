@@ -373,3 +373,37 @@ def test_of_the_endpoints_with_room_the_cheaper_goes_first(make_settings, cheap_
         assert sent == {"dear": 0, "cheap": 40}
     else:  # full: the rest spill over to the dearer one
         assert sent["cheap"] >= 2 and sent["dear"] > 0 and sum(sent.values()) == 40
+
+
+@pytest.mark.parametrize("wait", [True, False], ids=["collected_in_hand", "through_the_book"])
+def test_batch_lines_served_from_the_prompt_cache_cost_the_cached_batch_price(tmp_path, wait):
+    """Cached tokens of a batch line reach the ledger both ways a collect takes: the answers
+    the call's own pass holds (wait=True), and those read back from the batch book by a later
+    call (wait=False, then a collect)."""
+    from dagster_batchllm.core.client import InferenceClient
+    from dagster_batchllm.testing import SimulatedEndpoint
+
+    price = Price(input_per_mtok=4.0, output_per_mtok=8.0, cached_input_per_mtok=1.0)
+    shared = "You are a careful classifier of support tickets. " * 8  # many 16-token blocks
+    with SimulatedEndpoint(models=(MODEL,), api_key="sk-batch",
+                           prefix_cache_tokens=100_000) as sim:
+        settings = InferenceSettings(
+            endpoints=(EndpointSpec(name="openai", base_url=sim.base_url, models=(MODEL,),
+                                    api_key="sk-batch", batch_api=True, prices=price),),
+            store_url=f"sqlite:///{tmp_path / 'ledger.db'}", batch_poll_initial_s=0.02,
+            batch_poll_max_s=0.2, ledger_flush_interval_s=0.05, progress_interval_s=60.0)
+        with InferenceClient(settings) as client:
+            call = {"prompt": shared + "{text}", "model": MODEL, "output_column": "out",
+                    "max_tokens": 8, "mode": "batch_api"}
+            result = client.infer(_frame(12), wait=wait, **call)
+            if not wait:
+                assert result.stats.deferred == 12
+                result = client.infer(_frame(12), wait=True, **call)  # collects, sends none
+            records = client.ledger.records()
+    assert result.stats.succeeded == 12
+    cached = int(records["cached_tokens"].sum())
+    assert cached > 0 and result.stats.cached_tokens == cached
+    assert records["cost_usd"].tolist() == pytest.approx([price.cost(
+        p, c, k, batch=True) for p, c, k in zip(records["prompt_tokens"],
+                                                records["completion_tokens"],
+                                                records["cached_tokens"], strict=True)])

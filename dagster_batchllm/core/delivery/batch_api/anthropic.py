@@ -37,7 +37,13 @@ from ...errors import (
 )
 from ...settings import EndpointSpec
 from ..transport import CHAT_ROUTE
-from .anthropic_messages import CannotExpress, chat_reply, message_answer, messages_params
+from .anthropic_messages import (
+    CannotExpress,
+    cache_read_tokens,
+    chat_reply,
+    message_answer,
+    messages_params,
+)
 from .lines import AnswerBlock, line_blocks
 from .protocol_types import BatchStatus, LineResult, http_client
 
@@ -221,17 +227,19 @@ class AnthropicBatchProtocol:
         with self.client.messages.batches.with_streaming_response.results(
                 status.batch_id) as reply:
             for block in line_blocks(reply.iter_bytes(_CHUNK_BYTES)):
-                answers = AnswerBlock([], [], [], [], [])
+                answers = AnswerBlock([], [], [], [], [], [])
                 others = []
                 for raw in block:
                     line = json.loads(raw)
                     key, _tag = key_of(str(line.get("custom_id") or ""))
                     result = line.get("result") or {}
                     if result.get("type") == "succeeded":
-                        text, prompt, completion, reason = message_answer(result.get("message"))
+                        message = result.get("message")
+                        text, prompt, completion, reason = message_answer(message)
                         if text.strip():
-                            for column, value in zip(answers, (key, text, prompt, completion,
-                                                               reason), strict=True):
+                            for column, value in zip(answers, (
+                                    key, text, prompt, completion, reason,
+                                    cache_read_tokens(message)), strict=True):
                                 column.append(value)
                             continue
                         # (no text: the chat reader says why that is no answer)

@@ -66,13 +66,14 @@ class BatchBook:
         self._settle_line = (
             f"UPDATE {lines} SET state = {mark}, content = {mark}, prompt_tokens = {mark}, "
             f"completion_tokens = {mark}, finish_reason = {mark}, error = {mark}, "
-            f"error_type = {mark}, retryable = {mark} WHERE request_key = {mark} AND "
-            f"{by_key} = {mark}")
+            f"error_type = {mark}, retryable = {mark}, cached_tokens = {mark} "
+            f"WHERE request_key = {mark} AND {by_key} = {mark}")
         self._mark = mark
         self._latest = (
             f"SELECT l.request_key, l.submission_id, b.batch_id, b.status, l.attempt, l.state, "
             f"l.content, l.finish_reason, l.response, l.prompt_tokens, l.completion_tokens, "
-            f"l.error, l.error_type, l.retryable, b.created_at, b.ended_at FROM {lines} l "
+            f"l.error, l.error_type, l.retryable, b.created_at, b.ended_at, l.cached_tokens "
+            f"FROM {lines} l "
             f"JOIN {batches} b ON b.submission_id = l.submission_id WHERE l.request_key ")
         self._key_list = KeyList.of(self.engine.dialect.name)
         self.deferrals = Deferrals(ledger)
@@ -84,7 +85,7 @@ class BatchBook:
             self._settle_by_rowid: str | None = (
                 f"UPDATE {lines} SET state = ?, content = ?, prompt_tokens = ?, "
                 "completion_tokens = ?, finish_reason = ?, error = ?, error_type = ?, "
-                "retryable = ? WHERE rowid = ? AND request_key = ?")
+                "retryable = ?, cached_tokens = ? WHERE rowid = ? AND request_key = ?")
         else:
             self._places = (f"SELECT request_key, attempt FROM {lines} "
                             f"WHERE submission_id = {mark}")
@@ -99,10 +100,11 @@ class BatchBook:
     def _add_new_columns(self) -> None:
         """A book made before gains the columns added since: ``content`` and
         ``finish_reason`` (its answered lines keep their reply bodies in ``response``, which
-        is still read) and ``delivered_at`` (its batches' rows have ledger records, so they
-        count as delivered)."""
+        is still read), ``delivered_at`` (its batches' rows have ledger records, so they
+        count as delivered) and ``cached_tokens`` (NULL: not known, priced as uncached)."""
         for table, column, then in (
                 (self.lines, "content", None), (self.lines, "finish_reason", None),
+                (self.lines, "cached_tokens", None),
                 (self.batches, "delivered_at", "UPDATE {table} SET delivered_at = updated_at")):
             have = {c["name"] for c in sa.inspect(self.engine).get_columns(
                 table.name, schema=table.schema)}
@@ -235,7 +237,8 @@ class BatchBook:
     def settle_lines(self, submission_id: str, outcomes: Sequence[tuple],
                      places: dict[str, tuple[int | None, int]] | None = None) -> None:
         """Write line outcomes of one batch: ``(state, content, prompt_tokens,
-        completion_tokens, finish_reason, error, error_type, retryable, request_key)`` tuples
+        completion_tokens, finish_reason, error, error_type, retryable, cached_tokens,
+        request_key)`` tuples
         (the statement's parameter order, less the batch's id). ``places``: the batch's
         :meth:`line_places`, with which SQLite updates each line by its rowid, in rowid
         order: one B-tree, walked in order, instead of the key's index then the row."""

@@ -279,21 +279,22 @@ class BatchCollector:
         for key in keys:
             held = self.answers.get(key)
             if held is not None:
-                _batch, _attempt, content, prompt, completion, reason, _key = held
-                outcomes.append(_ok_line(key, content, prompt, completion, reason))
+                _batch, _attempt, content, prompt, completion, reason, cached, _key = held
+                outcomes.append(_ok_line(key, content, prompt, completion, reason, cached))
         return outcomes
 
     def _hold(self, row: dict[str, Any], held: list[tuple],
               places: dict[str, tuple[int | None, int]]) -> None:
         """The answered lines of a batch just collected: (the batch's id, submission id,
-        creation and end; the line's attempt, text, tokens, finish reason and key) by key, a
-        sixth of what each line's LineState would hold."""
+        creation and end; the line's attempt, text, tokens, finish reason, cached tokens and
+        key) by key, a sixth of what each line's LineState would hold."""
         batch = (row["submission_id"], row["batch_id"], row["created_at"], row["ended_at"])
         answers, room = self.answers, HELD_ANSWERS - len(self.answers)
-        for key, content, prompt, completion, reason in held[:room]:
+        for key, content, prompt, completion, reason, cached in held[:room]:
             place = places.get(key)
             if place is not None:  # (else a line this batch does not have: the book's none)
-                answers[key] = (batch, place[1], content, prompt, completion, reason, key)
+                answers[key] = (batch, place[1], content, prompt, completion, reason, cached,
+                                key)  # the key last: the delivery reads it there
 
 
 def _let_go(submission_id: str) -> None:
@@ -301,10 +302,10 @@ def _let_go(submission_id: str) -> None:
         _HERE.discard(submission_id)
 
 
-def _ok_line(key: str, content: str, prompt: int, completion: int, reason: str | None
-             ) -> tuple:
+def _ok_line(key: str, content: str, prompt: int, completion: int, reason: str | None,
+             cached: int) -> tuple:
     """An answered line's outcome, as BatchBook.settle_lines takes it."""
-    return LINE_OK, content, prompt, completion, reason, None, None, False, key
+    return LINE_OK, content, prompt, completion, reason, None, None, False, cached, key
 
 
 def _read_line(result: LineResult, read: Any, endpoint: str, outcomes: list[tuple],
@@ -319,7 +320,7 @@ def _read_line(result: LineResult, read: Any, endpoint: str, outcomes: list[tupl
             error = exc  # when a pass read the reply (it is not asked again)
         else:
             found = (result.request_key, answer.content, answer.prompt_tokens,
-                     answer.completion_tokens, answer.finish_reason)
+                     answer.completion_tokens, answer.finish_reason, answer.cached_tokens)
             if held is not None:
                 held.append(found)
             if not in_hand:
@@ -327,7 +328,7 @@ def _read_line(result: LineResult, read: Any, endpoint: str, outcomes: list[tupl
             return True
     if not result.expired:
         outcomes.append((LINE_FAILED, None, 0, 0, None, error.message, error.error_type.value,
-                         bool(error.retryable) and result.error is not None,
+                         bool(error.retryable) and result.error is not None, None,
                          result.request_key))
     return False
 

@@ -205,11 +205,12 @@ class BatchDelivery(Delivery):
             attempt = 1
             if type(line) is tuple:  # an answer the collector holds (BatchCollector.answers)
                 (sub, _batch_id, created, ended), tried.count, content, prompt, completion, \
-                    reason, _key = line
+                    reason, cached, _key = line
                 self.consumed.add(sub)
                 self.collected_ok += 1
                 results[i] = Completion(content, prompt, completion, bool(prompt or completion),
-                                        reason, max(0.0, (ended or created) - created))
+                                        reason, max(0.0, (ended or created) - created),
+                                        cached_tokens=cached)
                 continue
             if line is not None:
                 if line.batch_status not in (COLLECTED, SUBMIT_FAILED):
@@ -225,7 +226,7 @@ class BatchDelivery(Delivery):
                     results[i] = Completion(
                         line.content, line.prompt_tokens, line.completion_tokens,
                         bool(line.prompt_tokens or line.completion_tokens), line.finish_reason,
-                        line.latency_s)
+                        line.latency_s, cached_tokens=line.cached_tokens or 0)
                     continue
                 if line.state == LINE_OK and line.response is not None:
                     self.collected_ok += 1  # a line of a book made before: its reply body

@@ -49,6 +49,8 @@ class AnswerBlock(NamedTuple):
     prompt_tokens: list[int]
     completion_tokens: list[int]
     finish_reasons: list[str | None]
+    #: Of prompt_tokens, those served from the provider's prompt cache (0 where none said).
+    cached_tokens: list[int]
 
 
 def chat_answer_block(lines: list[bytes]) -> tuple[AnswerBlock | None, list[int]]:
@@ -98,7 +100,8 @@ def chat_answer_block(lines: list[bytes]) -> tuple[AnswerBlock | None, list[int]
         columns = [pc.filter(keys, usable).to_pylist(),
                    pc.filter(content, usable).to_pylist(),
                    *_usage(prompt, completion, usable),
-                   _few_values(pc.filter(finish, usable))]
+                   _few_values(pc.filter(finish, usable)),
+                   _cached(usage, usable)]
     except (KeyError, ValueError, TypeError, IndexError, pa.ArrowException):
         # Not one shape Arrow can read (a field missing from every line, or of types that
         # vary): each line is read on its own.
@@ -129,6 +132,22 @@ def _usage(prompt: Any, completion: Any, usable: Any) -> tuple[list[int], list[i
                       usable).to_pylist())
 
 
+def _cached(usage: Any, usable: Any) -> list[int]:
+    """The usable lines' ``usage.prompt_tokens_details.cached_tokens``, 0 where a reply has
+    none (most replies of servers without a prompt cache have no such field at all)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    count = int(pc.sum(pc.cast(usable, pa.int64())).as_py() or 0)
+    try:
+        cached = _field(_field(usage, "prompt_tokens_details"), "cached_tokens")
+    except (KeyError, TypeError, pa.ArrowException):
+        return [0] * count
+    if not _of(cached.type, pa.types.is_integer):
+        return [0] * count
+    return pc.filter(pc.fill_null(pc.cast(cached, pa.int64()), 0), usable).to_pylist()
+
+
 def _few_values(array: Any) -> list[Any]:
     """A column of a few distinct strings (finish reasons) as a list that shares one object
     per value: ``to_pylist`` makes a string per line, 50 bytes each of the answers a collect
@@ -153,7 +172,9 @@ def _parse_options() -> Any:
         import pyarrow as pa
         import pyarrow.json as pj
 
-        tokens = pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64())])
+        details = pa.struct([("cached_tokens", pa.int64())])
+        tokens = pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
+                            ("prompt_tokens_details", details)])
         choice = pa.struct([("message", pa.struct([("content", pa.string())])),
                             ("finish_reason", pa.string())])
         body = pa.struct([("choices", pa.list_(choice)), ("usage", tokens)])

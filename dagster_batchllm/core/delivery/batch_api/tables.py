@@ -55,6 +55,7 @@ class LineState(NamedTuple):
     retryable: bool  # 0 or 1 on SQLite
     created_at: float
     ended_at: float | None
+    cached_tokens: int | None
 
     @property
     def batch_name(self) -> str:
@@ -112,6 +113,9 @@ def book_tables(ledger_table: str) -> tuple[sa.Table, sa.Table]:
         sa.Column("finish_reason", sa.String(32)),
         sa.Column("prompt_tokens", sa.Integer, nullable=False, default=0),
         sa.Column("completion_tokens", sa.Integer, nullable=False, default=0),
+        # Of prompt_tokens, those the provider served from its prompt cache (they cost the
+        # cached price); NULL on lines of books made before it was kept.
+        sa.Column("cached_tokens", sa.Integer),
         # The whole reply body: what books made before ``content`` hold for answered lines.
         sa.Column("response", sa.Text),
         sa.Column("error", sa.Text),
