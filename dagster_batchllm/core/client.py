@@ -186,7 +186,8 @@ class InferenceClient:
         if mode == "batch_api":
             run: Any = await BatchModeCall(self, call, task, frame, wait=wait,
                                            token_budget=budget, run_id=run_id, logger=log,
-                                           collect_keys=keep_keys).run()
+                                           collect_keys=keep_keys,
+                                           budget_usd=call.budget_usd).run()
             paid_totals(run.stats)  # its passes' costs, added up per model
         else:
             run = InferenceRun(

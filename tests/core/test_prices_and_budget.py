@@ -407,3 +407,33 @@ def test_batch_lines_served_from_the_prompt_cache_cost_the_cached_batch_price(tm
         p, c, k, batch=True) for p, c, k in zip(records["prompt_tokens"],
                                                 records["completion_tokens"],
                                                 records["cached_tokens"], strict=True)])
+
+
+def test_in_batch_mode_budget_usd_is_charged_at_submission_and_never_passed(tmp_path):
+    """A line in a provider's file cannot be taken back: each is charged its most possible
+    cost at the batch price when it is submitted, and the lines past the budget are deferred
+    (the batch API has no mid-run stop, so a forecast alone could be passed)."""
+    from dagster_batchllm.core.client import InferenceClient
+    from dagster_batchllm.core.pricing import Price as _Price
+    from dagster_batchllm.testing import SimulatedEndpoint
+
+    price = _Price(input_per_mtok=1_000.0, output_per_mtok=3_000.0, batch_discount=0.5)
+    rows = _long_rows(30)
+    with SimulatedEndpoint(models=(MODEL,), api_key="sk-batch") as sim:
+        settings = InferenceSettings(
+            endpoints=(EndpointSpec(name="openai", base_url=sim.base_url, models=(MODEL,),
+                                    api_key="sk-batch", batch_api=True, prices=price),),
+            store_url=f"sqlite:///{tmp_path / 'ledger.db'}", batch_poll_initial_s=0.02,
+            batch_poll_max_s=0.2, ledger_flush_interval_s=0.05, progress_interval_s=60.0)
+        with InferenceClient(settings) as client:
+            plan = client.plan(rows, prompt="{text}", model=MODEL, output_column="out",
+                               max_tokens=8, mode="batch_api")
+            budget = plan.cost_usd * 1.2  # the plan fits; the lines' bounds do not all fit
+            result = client.infer(rows, prompt="{text}", model=MODEL, output_column="out",
+                                  max_tokens=8, mode="batch_api", budget_usd=budget)
+            paid = _ledger_sum(client, "cost_usd")
+    assert 0 < result.stats.succeeded < 30 and result.stats.deferred == 30 - result.stats.succeeded
+    assert set(result.error_types.dropna()) == {"deferred"}
+    assert paid <= budget and result.stats.cost_usd == pytest.approx(paid)
+    lines = sim.stats(log=False)["batches"]["lines_answered"]
+    assert lines == result.stats.succeeded  # nothing past the budget reached the provider

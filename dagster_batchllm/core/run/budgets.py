@@ -64,6 +64,40 @@ def check_planned_cost(settings: InferenceSettings, budget_usd: float, plan: Pla
     return cost
 
 
+def charge_submission(tokens: TokenBudget | None, usd: CostBudget | None,
+                      settings: InferenceSettings, request: RowRequest) -> DeferredError | None:
+    """Batch mode's budgets: a line in a provider's file cannot be taken back, so it is
+    charged for good when submitted, its token bound and (budget_usd) its most possible cost
+    at the batch price; the error that defers it where either does not fit."""
+    if tokens is not None:
+        if not tokens.try_reserve(request.reserve_tokens):
+            return DeferredError(
+                f"the token budget ({tokens.total}) has {tokens.remaining} tokens left, this "
+                f"request may need {request.reserve_tokens}; a later call will submit it")
+        tokens.settle(request.reserve_tokens, request.reserve_tokens)
+    if usd is not None:
+        bound = cost_bound(settings, request, batch=True)
+        if not usd.try_reserve(bound):
+            if tokens is not None:
+                tokens.spent -= request.reserve_tokens
+            return DeferredError(
+                f"the budget (${usd.total:.6f}) has ${max(0.0, usd.remaining):.6f} left, "
+                f"this line may cost up to ${bound:.6f} at the batch price; a later call will "
+                "submit it")
+        usd.settle(bound, bound)
+    return None
+
+
+def refund_submissions(tokens: TokenBudget | None, usd: CostBudget | None,
+                       settings: InferenceSettings, requests: list[RowRequest]) -> None:
+    """Give back what :func:`charge_submission` charged for lines this call did not submit
+    after all (another run's batch has them)."""
+    if tokens is not None:
+        tokens.spent -= sum(request.reserve_tokens for request in requests)
+    if usd is not None:
+        usd.spent -= sum(cost_bound(settings, request, batch=True) for request in requests)
+
+
 class RunBudgets:
     """The budgets of :class:`~.engine.InferenceRun`, mixed into it (``budget``: tokens,
     ``cost_budget``: USD; either may be None)."""
@@ -122,4 +156,5 @@ class RunBudgets:
             f"left, this request may need {request.reserve_tokens}; a later call will send it")
 
 
-__all__ = ["RunBudgets", "check_planned_cost", "cost_bound"]
+__all__ = ["RunBudgets", "charge_submission", "check_planned_cost", "cost_bound",
+           "refund_submissions"]

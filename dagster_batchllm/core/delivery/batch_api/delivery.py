@@ -37,10 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import DeferredError, ErrorType, RowError, UnsupportedModelError
+from ...run.budgets import charge_submission, refund_submissions
 from ...run.prompts import RowRequest
 from ...settings import EndpointSpec, InferenceSettings
 from ..base import Delivery
-from ..limits import TokenBudget
+from ..limits import CostBudget, TokenBudget
 from ..transport import Completion
 from .book import COLLECTED, LINE_OK, SUBMIT_FAILED, BatchBook
 from .protocol import BatchProtocol
@@ -72,7 +73,7 @@ class BatchDelivery(Delivery):
     def __init__(self, settings: InferenceSettings, book: BatchBook,
                  protocols: dict[str, BatchProtocol], *, route: str,
                  budget: TokenBudget | None, scope: str, partition_key: str,
-                 run_id: str | None, log: Any = None,
+                 run_id: str | None, log: Any = None, cost_budget: CostBudget | None = None,
                  answered: dict[str, tuple] | None = None,
                  in_hand: dict[str, Any] | None = None):
         self.settings = settings
@@ -91,6 +92,7 @@ class BatchDelivery(Delivery):
         self.protocols = protocols
         self.route = route
         self.budget = budget
+        self.cost_budget = cost_budget  # budget_usd (see charge_submission)
         self.scope, self.partition_key, self.run_id = scope, partition_key, run_id
         self.log = log or logging.getLogger("dagster_batchllm")
         self._lookups = Gatherer(self._latest_lines, _GATHER)
@@ -178,7 +180,8 @@ class BatchDelivery(Delivery):
             lines = await self._lookups.submit([request.key for request in requests])
             # Not with a token budget: a key it refused would be deferred without a look at
             # its line, which may hold its answer.
-            self._assume_new = self.budget is None and all(line is None for line in lines)
+            self._assume_new = (self.budget is None and self.cost_budget is None
+                                and all(line is None for line in lines))
             notes, placed = self._place(requests, attempts, lines, everything, results)
         if notes:
             await self._record_notes(requests, attempts, notes, placed, results,
@@ -256,14 +259,11 @@ class BatchDelivery(Delivery):
             if type(data) is not bytes:  # a request the provider's API cannot express
                 results[i] = data
                 continue
-            if budget is not None:
-                if not budget.try_reserve(request.reserve_tokens):
-                    results[i] = DeferredError(
-                        f"the token budget ({budget.total}) has {budget.remaining} tokens "
-                        f"left, this request may need {request.reserve_tokens}; a later call "
-                        "will submit it")
+            if budget is not None or self.cost_budget is not None:
+                refused = charge_submission(budget, self.cost_budget, self.settings, request)
+                if refused is not None:
+                    results[i] = refused
                     continue
-                budget.settle(request.reserve_tokens, request.reserve_tokens)  # for good
             spool = self._spool_for(len(data), model, endpoint)
             spool.lines += 1  # its place in the file, kept until the book says it is ours
             spool.bytes += len(data)
@@ -294,8 +294,8 @@ class BatchDelivery(Delivery):
         self.lines_submitted += len(notes) - len(lost)
         if not lost:
             return
-        if self.budget is not None:
-            self.budget.spent -= sum(requests[i].reserve_tokens for i in lost)
+        refund_submissions(self.budget, self.cost_budget, self.settings,
+                           [requests[i] for i in lost])  # another run's lines: not this call's
         lines = await self._lookups.submit([requests[i].key for i in lost])
         if assumed_new:
             # Keys placed without a lookup that have lines: decided now from those lines

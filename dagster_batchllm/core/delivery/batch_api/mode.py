@@ -33,7 +33,7 @@ from ...run.engine import InferenceRun
 from ...run.figures import estimate_cost
 from ...run.gc_pacing import BATCH_THRESHOLDS, fewer_collections
 from ...tasks.base import CallBase, Task
-from ..limits import TokenBudget
+from ..limits import CostBudget, TokenBudget
 from .book import COLLECTED, SUBMIT_FAILED, BatchBook
 from .collect import BatchCollector, progress_line
 from .delivery import BatchDelivery
@@ -66,6 +66,7 @@ class BatchModeCall:
 
     def __init__(self, client: Any, call: CallBase, task: Task, inputs: Any, *, wait: bool,
                  token_budget: int | None, run_id: str | None, logger: Any,
+                 budget_usd: float | None = None,
                  collect_keys: bool):
         settings = client.settings
         self.task = task
@@ -89,6 +90,9 @@ class BatchModeCall:
         self.wait, self.run_id, self.log = wait, run_id, logger
         self.collect_keys = collect_keys
         self.budget = TokenBudget(token_budget) if token_budget is not None else None
+        # budget_usd: each line is charged its most possible cost at submission (the plan
+        # was checked before this call; see BatchDelivery).
+        self.cost_budget = CostBudget(budget_usd) if budget_usd is not None else None
         self.book = BatchBook(client.ledger)
         self.protocols = {e.name: protocol_for(e) for e in settings.endpoints if e.batch_api}
         self.collector = BatchCollector(self.book, self.protocols, log=logger,
@@ -143,7 +147,8 @@ class BatchModeCall:
         task = self.task
         delivery = BatchDelivery(
             self.settings, self.book, self.protocols, route=task.route,
-            budget=self.budget, scope=self.call.scope, partition_key=self.call.partition_key,
+            budget=self.budget, cost_budget=self.cost_budget, scope=self.call.scope,
+            partition_key=self.call.partition_key,
             run_id=self.run_id, log=self.log, answered=self.collector.answers,
             in_hand=self.collector.in_hand)
         lines = task.batch_line(delivery)  # what the engine hands the rows to
