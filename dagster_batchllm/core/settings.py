@@ -302,11 +302,19 @@ class InferenceSettings:
         spec = self._endpoints_by_name.get(endpoint) if endpoint is not None else None
         if spec is not None:
             return price_on(spec.prices, self._resource_prices, model)
-        found = [price_on(e.prices, self._resource_prices, model)
-                 for e in self.endpoints if model in e.served_models]
-        found = [p for p in found if p is not None] or (
-            [self._resource_prices[model]] if model in self._resource_prices else [])
-        return max(found, key=lambda p: p.upper_bound(1, 1), default=None)
+        # Asked per request where a budget reserves each one's bound: looked up once a model.
+        dearest = self._dearest_prices
+        if model not in dearest:
+            found = [price_on(e.prices, self._resource_prices, model)
+                     for e in self.endpoints if model in e.served_models]
+            found = [p for p in found if p is not None] or (
+                [self._resource_prices[model]] if model in self._resource_prices else [])
+            dearest[model] = max(found, key=lambda p: p.upper_bound(1, 1), default=None)
+        return dearest[model]
+
+    @functools.cached_property
+    def _dearest_prices(self) -> dict[str, Price | None]:
+        return {}
 
     def price_for(self, model: str) -> tuple[float, float] | None:
         """(USD per 1M prompt tokens, USD per 1M completion tokens) for a model, if priced
