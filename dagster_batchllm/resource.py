@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from collections.abc import Iterable
 from typing import Any, Literal
 from urllib.parse import urlparse
 
@@ -12,170 +9,28 @@ import dagster as dg
 from dagster._config.field import Field as ConfigField
 from dagster._config.field_utils import Shape
 from dagster._core.definitions.definition_config_schema import DefinitionConfigSchema
-from pydantic import Field, PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr
 
 from .core.client import InferenceClient
-from .core.errors import InferenceConfigError
 from .core.plan import Plan
 from .core.results import InferenceEstimate, InferenceResult
-from .core.settings import DESCRIPTION, EndpointSpec, InferenceSettings, MlflowModelSpec
+from .core.settings import InferenceSettings
 from .core.tasks.chat.call import InferenceCall
 from .core.tasks.embed.call import EmbedCall
 from .factories.context import read_context
-from .managed.start import ManagedEndpointSpec, RunningEndpoint, start_managed
-from .price_config import EndpointPrice, as_price_config, spec_prices
+from .managed.start import RunningEndpoint, start_managed
+from .resource_config import (
+    SETTINGS_BUILT_FROM,
+    Endpoint,
+    ManagedEndpoint,
+    MlflowModel,
+    ModelPrice,
+    declared,
+    spec_values,
+)
 
-
-def _declared(spec: type, name: str) -> Any:
-    """The pydantic Field of config that mirrors field ``name`` of the plain-data ``spec``,
-    with that field's default and description: the spec is their one home."""
-    source = _SPEC_FIELDS[spec][name]
-    options: dict[str, Any] = {"description": source.metadata[DESCRIPTION]}
-    if isinstance(source.default, tuple):  # config lists are lists; the specs' are tuples
-        options["default_factory"] = functools.partial(list, source.default)
-    elif source.default is not dataclasses.MISSING:
-        options["default"] = source.default
-    elif source.default_factory is not dataclasses.MISSING:
-        options["default_factory"] = source.default_factory
-    if not source.repr:
-        options["repr"] = False
-    return Field(**options)
-
-
-def _spec_values(config: dg.Config, spec: type, *, converted: Iterable[str] = ()) -> dict:
-    """The values of ``spec``'s fields, read from the config by name (lists as tuples: the
-    specs are frozen), except the ``converted`` ones, which the caller builds itself."""
-    skip = set(converted)
-    return {f.name: _frozen(_resolved(getattr(config, f.name), config, f.name))
-            for f in dataclasses.fields(spec) if f.name not in skip}
-
-
-def _frozen(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
-
-
-def _resolved(value: Any, config: Any, field: str) -> Any:
-    """A ``dg.EnvVar`` read now. In a Dagster run, Dagster has read it already; outside one
-    (a script, a notebook) this is where it is read, so the same definitions work in both."""
-    if not isinstance(value, dg.EnvVar):
-        return value
-    found = value.get_value()
-    if found is None:
-        owner = getattr(config, "name", None)
-        where = f"{type(config).__name__}{f' {owner!r}' if isinstance(owner, str) else ''}"
-        raise InferenceConfigError(
-            f"{where}: {field}=dg.EnvVar({value.env_var_name!r}) but the environment variable "
-            f"{value.env_var_name} is not set; export it or pass the value itself.")
-    return found
-
-
-_SPEC_FIELDS = {spec: {f.name: f for f in dataclasses.fields(spec)}
-                for spec in (EndpointSpec, ManagedEndpointSpec, InferenceSettings,
-                             MlflowModelSpec)}
-
-
-class Endpoint(dg.Config):
-    """One OpenAI-compatible server (vLLM, TGI, llama.cpp's llama-server, OpenAI).
-
-    Its fields are those of :class:`~dagster_batchllm.core.settings.EndpointSpec`."""
-
-    name: str = _declared(EndpointSpec, "name")
-    base_url: str = _declared(EndpointSpec, "base_url")
-    models: list[str] = _declared(EndpointSpec, "models")
-    max_concurrency: int = _declared(EndpointSpec, "max_concurrency")
-    api_key: str | None = _declared(EndpointSpec, "api_key")
-    tokens_per_minute: int | None = _declared(EndpointSpec, "tokens_per_minute")
-    requests_per_minute: int | None = _declared(EndpointSpec, "requests_per_minute")
-    rate_limit_window_s: float = _declared(EndpointSpec, "rate_limit_window_s")
-    max_context_tokens: int | None = _declared(EndpointSpec, "max_context_tokens")
-    embedding_models: list[str] = _declared(EndpointSpec, "embedding_models")
-    batch_api: bool = _declared(EndpointSpec, "batch_api")
-    max_requests_per_batch: int = _declared(EndpointSpec, "max_requests_per_batch")
-    max_bytes_per_batch: int = _declared(EndpointSpec, "max_bytes_per_batch")
-    batch_protocol: Literal["openai", "anthropic"] = _declared(EndpointSpec, "batch_protocol")
-    protocol: Literal["openai", "mlflow"] = _declared(EndpointSpec, "protocol")
-    served_model_uri: str | None = _declared(EndpointSpec, "served_model_uri")
-    served_model_version: str | None = _declared(EndpointSpec, "served_model_version")
-    prices: dict[str, EndpointPrice] = Field(
-        default_factory=dict, description=_SPEC_FIELDS[EndpointSpec]["prices"].metadata[
-            DESCRIPTION])
-
-    @field_validator("prices", mode="before")
-    @classmethod
-    def _prices_in_config_form(cls, value: Any) -> Any:
-        return as_price_config(value)  # a Price, or a mapping of them, as the core takes it
-
-    def to_spec(self) -> EndpointSpec:
-        return EndpointSpec(prices=spec_prices(self.prices),
-                            **_spec_values(self, EndpointSpec, converted=("prices",)))
-
-
-class MlflowModel(dg.Config):
-    """A traditional ML model (MLflow pyfunc) scored in process by ``predict()``.
-
-    Its fields are those of :class:`~dagster_batchllm.core.settings.MlflowModelSpec`."""
-
-    name: str = _declared(MlflowModelSpec, "name")
-    model_uri: str = _declared(MlflowModelSpec, "model_uri")
-    registry_uri: str | None = _declared(MlflowModelSpec, "registry_uri")
-    rows_per_batch: int = _declared(MlflowModelSpec, "rows_per_batch")
-
-    def to_spec(self) -> MlflowModelSpec:
-        return MlflowModelSpec(**_spec_values(self, MlflowModelSpec))
-
-
-class ManagedEndpoint(dg.Config):
-    """An endpoint the resource starts on 127.0.0.1 at setup and stops at teardown.
-
-    Its fields are those of :class:`~dagster_batchllm.managed.start.ManagedEndpointSpec`."""
-
-    kind: Literal["classical", "llama-server"] = _declared(ManagedEndpointSpec, "kind")
-    name: str = _declared(ManagedEndpointSpec, "name")
-    max_concurrency: int = _declared(ManagedEndpointSpec, "max_concurrency")
-    process: bool = _declared(ManagedEndpointSpec, "process")
-    model_path: str | None = _declared(ManagedEndpointSpec, "model_path")
-    model_name: str | None = _declared(ManagedEndpointSpec, "model_name")
-    context_per_slot: int = _declared(ManagedEndpointSpec, "context_per_slot")
-    threads: int | None = _declared(ManagedEndpointSpec, "threads")
-
-    def to_spec(self) -> ManagedEndpointSpec:
-        return ManagedEndpointSpec(**_spec_values(self, ManagedEndpointSpec))
-
-
-class ModelPrice(dg.Config):
-    """A model's price for every endpoint that names none for it (``Endpoint(prices=...)``
-    is the per-endpoint form: the same model may cost differently at each provider)."""
-
-    model: str = Field(description="The model name, as in Endpoint.models.")
-    usd_per_1m_prompt_tokens: float = Field(description="USD per million prompt tokens.")
-    usd_per_1m_completion_tokens: float = Field(description="USD per million completion tokens.")
-    batch_discount: float = Field(
-        default=0.5, description="The batch API's price as a share of the online price "
-        "(OpenAI, Together, Groq, Mistral: 0.5), where no batch prices are given.")
-    usd_per_1m_batch_prompt_tokens: float | None = Field(
-        default=None, description="USD per million prompt tokens through the batch API.")
-    usd_per_1m_batch_completion_tokens: float | None = Field(
-        default=None, description="USD per million completion tokens through the batch API.")
-
-    def as_settings(self) -> tuple[str, float, float, float, float]:
-        """(model, prompt, completion, batch prompt, batch completion) USD per 1M tokens."""
-        batch_prompt = (self.usd_per_1m_batch_prompt_tokens
-                        if self.usd_per_1m_batch_prompt_tokens is not None
-                        else self.usd_per_1m_prompt_tokens * self.batch_discount)
-        batch_completion = (self.usd_per_1m_batch_completion_tokens
-                            if self.usd_per_1m_batch_completion_tokens is not None
-                            else self.usd_per_1m_completion_tokens * self.batch_discount)
-        return (self.model, self.usd_per_1m_prompt_tokens, self.usd_per_1m_completion_tokens,
-                batch_prompt, batch_completion)
-
-
-# The settings fields that are not copied by name: to_settings() builds each from these
-# resource fields of other shapes.
-SETTINGS_BUILT_FROM = {
-    "endpoints": ("endpoints", "managed_endpoints"),
-    "model_prices": ("prices",),
-    "mlflow_models": ("mlflow_models",),
-}
+__all__ = ["SETTINGS_BUILT_FROM", "BatchInferenceResource", "Endpoint", "ManagedEndpoint",
+           "MlflowModel", "ModelPrice"]
 
 
 class BatchInferenceResource(dg.ConfigurableResource):
@@ -244,33 +99,33 @@ class BatchInferenceResource(dg.ConfigurableResource):
         default_factory=list,
         description="Traditional ML models (MLflow pyfunc) scored in process by predict().")
     # The other fields are InferenceSettings' own, with its defaults and descriptions.
-    store_url: str | None = _declared(InferenceSettings, "store_url")
-    ledger_table: str = _declared(InferenceSettings, "ledger_table")
-    max_attempts: int = _declared(InferenceSettings, "max_attempts")
-    request_timeout_s: float = _declared(InferenceSettings, "request_timeout_s")
-    retry_initial_backoff_s: float = _declared(InferenceSettings, "retry_initial_backoff_s")
-    retry_max_backoff_s: float = _declared(InferenceSettings, "retry_max_backoff_s")
-    max_retry_after_s: float = _declared(InferenceSettings, "max_retry_after_s")
-    breaker_failure_threshold: int = _declared(InferenceSettings, "breaker_failure_threshold")
-    breaker_cooldown_s: float = _declared(InferenceSettings, "breaker_cooldown_s")
-    default_max_tokens: int = _declared(InferenceSettings, "default_max_tokens")
-    token_budget: int | None = _declared(InferenceSettings, "token_budget")
-    default_model: str | None = _declared(InferenceSettings, "default_model")
-    http_client: Literal["aiohttp", "openai"] = _declared(InferenceSettings, "http_client")
-    coordinate_runs: bool = _declared(InferenceSettings, "coordinate_runs")
-    coordination_interval_s: float = _declared(InferenceSettings, "coordination_interval_s")
-    prefix_affinity: bool = _declared(InferenceSettings, "prefix_affinity")
-    chunk_rows: int = _declared(InferenceSettings, "chunk_rows")
-    ledger_flush_rows: int = _declared(InferenceSettings, "ledger_flush_rows")
-    ledger_flush_interval_s: float = _declared(InferenceSettings, "ledger_flush_interval_s")
-    progress_interval_s: float = _declared(InferenceSettings, "progress_interval_s")
-    batch_poll_initial_s: float = _declared(InferenceSettings, "batch_poll_initial_s")
-    batch_poll_max_s: float = _declared(InferenceSettings, "batch_poll_max_s")
-    mlflow_registry_uri: str | None = _declared(InferenceSettings, "mlflow_registry_uri")
-    endpoint_unreachable_after_s: float = _declared(InferenceSettings,
+    store_url: str | None = declared(InferenceSettings, "store_url")
+    ledger_table: str = declared(InferenceSettings, "ledger_table")
+    max_attempts: int = declared(InferenceSettings, "max_attempts")
+    request_timeout_s: float = declared(InferenceSettings, "request_timeout_s")
+    retry_initial_backoff_s: float = declared(InferenceSettings, "retry_initial_backoff_s")
+    retry_max_backoff_s: float = declared(InferenceSettings, "retry_max_backoff_s")
+    max_retry_after_s: float = declared(InferenceSettings, "max_retry_after_s")
+    breaker_failure_threshold: int = declared(InferenceSettings, "breaker_failure_threshold")
+    breaker_cooldown_s: float = declared(InferenceSettings, "breaker_cooldown_s")
+    default_max_tokens: int = declared(InferenceSettings, "default_max_tokens")
+    token_budget: int | None = declared(InferenceSettings, "token_budget")
+    default_model: str | None = declared(InferenceSettings, "default_model")
+    http_client: Literal["aiohttp", "openai"] = declared(InferenceSettings, "http_client")
+    coordinate_runs: bool = declared(InferenceSettings, "coordinate_runs")
+    coordination_interval_s: float = declared(InferenceSettings, "coordination_interval_s")
+    prefix_affinity: bool = declared(InferenceSettings, "prefix_affinity")
+    chunk_rows: int = declared(InferenceSettings, "chunk_rows")
+    ledger_flush_rows: int = declared(InferenceSettings, "ledger_flush_rows")
+    ledger_flush_interval_s: float = declared(InferenceSettings, "ledger_flush_interval_s")
+    progress_interval_s: float = declared(InferenceSettings, "progress_interval_s")
+    batch_poll_initial_s: float = declared(InferenceSettings, "batch_poll_initial_s")
+    batch_poll_max_s: float = declared(InferenceSettings, "batch_poll_max_s")
+    mlflow_registry_uri: str | None = declared(InferenceSettings, "mlflow_registry_uri")
+    endpoint_unreachable_after_s: float = declared(InferenceSettings,
                                                     "endpoint_unreachable_after_s")
-    ledger_outage_s: float = _declared(InferenceSettings, "ledger_outage_s")
-    ledger_statement_timeout_s: float = _declared(InferenceSettings, "ledger_statement_timeout_s")
+    ledger_outage_s: float = declared(InferenceSettings, "ledger_outage_s")
+    ledger_statement_timeout_s: float = declared(InferenceSettings, "ledger_statement_timeout_s")
 
     _client: InferenceClient | None = PrivateAttr(default=None)
     _log: Any = PrivateAttr(default=None)
@@ -294,7 +149,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
             + tuple(r.spec for r in self._running),
             model_prices=tuple(p.as_settings() for p in self.prices),
             mlflow_models=tuple(m.to_spec() for m in self.mlflow_models),
-            **_spec_values(self, InferenceSettings, converted=SETTINGS_BUILT_FROM),
+            **spec_values(self, InferenceSettings, converted=SETTINGS_BUILT_FROM),
         )
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:

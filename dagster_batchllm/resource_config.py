@@ -1,0 +1,170 @@
+"""The resource's config classes: ``Endpoint``, ``MlflowModel``, ``ManagedEndpoint``,
+``ModelPrice``, each mirroring a plain-data spec of the core (its one home for defaults and
+descriptions), and the helpers that read config into those specs."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import dagster as dg
+from pydantic import Field, field_validator
+
+from .core.errors import InferenceConfigError
+from .core.settings import DESCRIPTION, EndpointSpec, InferenceSettings, MlflowModelSpec
+from .managed.start import ManagedEndpointSpec
+from .price_config import EndpointPrice, as_price_config, spec_prices
+
+
+def declared(spec: type, name: str) -> Any:
+    """The pydantic Field of config that mirrors field ``name`` of the plain-data ``spec``,
+    with that field's default and description: the spec is their one home."""
+    source = _SPEC_FIELDS[spec][name]
+    options: dict[str, Any] = {"description": source.metadata[DESCRIPTION]}
+    if isinstance(source.default, tuple):  # config lists are lists; the specs' are tuples
+        options["default_factory"] = functools.partial(list, source.default)
+    elif source.default is not dataclasses.MISSING:
+        options["default"] = source.default
+    elif source.default_factory is not dataclasses.MISSING:
+        options["default_factory"] = source.default_factory
+    if not source.repr:
+        options["repr"] = False
+    return Field(**options)
+
+
+def spec_values(config: dg.Config, spec: type, *, converted: Iterable[str] = ()) -> dict:
+    """The values of ``spec``'s fields, read from the config by name (lists as tuples: the
+    specs are frozen), except the ``converted`` ones, which the caller builds itself."""
+    skip = set(converted)
+    return {f.name: _frozen(_resolved(getattr(config, f.name), config, f.name))
+            for f in dataclasses.fields(spec) if f.name not in skip}
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _resolved(value: Any, config: Any, field: str) -> Any:
+    """A ``dg.EnvVar`` read now. In a Dagster run, Dagster has read it already; outside one
+    (a script, a notebook) this is where it is read, so the same definitions work in both."""
+    if not isinstance(value, dg.EnvVar):
+        return value
+    found = value.get_value()
+    if found is None:
+        owner = getattr(config, "name", None)
+        where = f"{type(config).__name__}{f' {owner!r}' if isinstance(owner, str) else ''}"
+        raise InferenceConfigError(
+            f"{where}: {field}=dg.EnvVar({value.env_var_name!r}) but the environment variable "
+            f"{value.env_var_name} is not set; export it or pass the value itself.")
+    return found
+
+
+_SPEC_FIELDS = {spec: {f.name: f for f in dataclasses.fields(spec)}
+                for spec in (EndpointSpec, ManagedEndpointSpec, InferenceSettings,
+                             MlflowModelSpec)}
+
+
+class Endpoint(dg.Config):
+    """One OpenAI-compatible server (vLLM, TGI, llama.cpp's llama-server, OpenAI).
+
+    Its fields are those of :class:`~dagster_batchllm.core.settings.EndpointSpec`."""
+
+    name: str = declared(EndpointSpec, "name")
+    base_url: str = declared(EndpointSpec, "base_url")
+    models: list[str] = declared(EndpointSpec, "models")
+    max_concurrency: int = declared(EndpointSpec, "max_concurrency")
+    api_key: str | None = declared(EndpointSpec, "api_key")
+    tokens_per_minute: int | None = declared(EndpointSpec, "tokens_per_minute")
+    requests_per_minute: int | None = declared(EndpointSpec, "requests_per_minute")
+    rate_limit_window_s: float = declared(EndpointSpec, "rate_limit_window_s")
+    max_context_tokens: int | None = declared(EndpointSpec, "max_context_tokens")
+    embedding_models: list[str] = declared(EndpointSpec, "embedding_models")
+    batch_api: bool = declared(EndpointSpec, "batch_api")
+    max_requests_per_batch: int = declared(EndpointSpec, "max_requests_per_batch")
+    max_bytes_per_batch: int = declared(EndpointSpec, "max_bytes_per_batch")
+    batch_protocol: Literal["openai", "anthropic"] = declared(EndpointSpec, "batch_protocol")
+    protocol: Literal["openai", "mlflow"] = declared(EndpointSpec, "protocol")
+    served_model_uri: str | None = declared(EndpointSpec, "served_model_uri")
+    served_model_version: str | None = declared(EndpointSpec, "served_model_version")
+    prices: dict[str, EndpointPrice] = Field(
+        default_factory=dict, description=_SPEC_FIELDS[EndpointSpec]["prices"].metadata[
+            DESCRIPTION])
+
+    @field_validator("prices", mode="before")
+    @classmethod
+    def _prices_in_config_form(cls, value: Any) -> Any:
+        return as_price_config(value)  # a Price, or a mapping of them, as the core takes it
+
+    def to_spec(self) -> EndpointSpec:
+        return EndpointSpec(prices=spec_prices(self.prices),
+                            **spec_values(self, EndpointSpec, converted=("prices",)))
+
+
+class MlflowModel(dg.Config):
+    """A traditional ML model (MLflow pyfunc) scored in process by ``predict()``.
+
+    Its fields are those of :class:`~dagster_batchllm.core.settings.MlflowModelSpec`."""
+
+    name: str = declared(MlflowModelSpec, "name")
+    model_uri: str = declared(MlflowModelSpec, "model_uri")
+    registry_uri: str | None = declared(MlflowModelSpec, "registry_uri")
+    rows_per_batch: int = declared(MlflowModelSpec, "rows_per_batch")
+
+    def to_spec(self) -> MlflowModelSpec:
+        return MlflowModelSpec(**spec_values(self, MlflowModelSpec))
+
+
+class ManagedEndpoint(dg.Config):
+    """An endpoint the resource starts on 127.0.0.1 at setup and stops at teardown.
+
+    Its fields are those of :class:`~dagster_batchllm.managed.start.ManagedEndpointSpec`."""
+
+    kind: Literal["classical", "llama-server"] = declared(ManagedEndpointSpec, "kind")
+    name: str = declared(ManagedEndpointSpec, "name")
+    max_concurrency: int = declared(ManagedEndpointSpec, "max_concurrency")
+    process: bool = declared(ManagedEndpointSpec, "process")
+    model_path: str | None = declared(ManagedEndpointSpec, "model_path")
+    model_name: str | None = declared(ManagedEndpointSpec, "model_name")
+    context_per_slot: int = declared(ManagedEndpointSpec, "context_per_slot")
+    threads: int | None = declared(ManagedEndpointSpec, "threads")
+
+    def to_spec(self) -> ManagedEndpointSpec:
+        return ManagedEndpointSpec(**spec_values(self, ManagedEndpointSpec))
+
+
+class ModelPrice(dg.Config):
+    """A model's price for every endpoint that names none for it (``Endpoint(prices=...)``
+    is the per-endpoint form: the same model may cost differently at each provider)."""
+
+    model: str = Field(description="The model name, as in Endpoint.models.")
+    usd_per_1m_prompt_tokens: float = Field(description="USD per million prompt tokens.")
+    usd_per_1m_completion_tokens: float = Field(description="USD per million completion tokens.")
+    batch_discount: float = Field(
+        default=0.5, description="The batch API's price as a share of the online price "
+        "(OpenAI, Together, Groq, Mistral: 0.5), where no batch prices are given.")
+    usd_per_1m_batch_prompt_tokens: float | None = Field(
+        default=None, description="USD per million prompt tokens through the batch API.")
+    usd_per_1m_batch_completion_tokens: float | None = Field(
+        default=None, description="USD per million completion tokens through the batch API.")
+
+    def as_settings(self) -> tuple[str, float, float, float, float]:
+        """(model, prompt, completion, batch prompt, batch completion) USD per 1M tokens."""
+        batch_prompt = (self.usd_per_1m_batch_prompt_tokens
+                        if self.usd_per_1m_batch_prompt_tokens is not None
+                        else self.usd_per_1m_prompt_tokens * self.batch_discount)
+        batch_completion = (self.usd_per_1m_batch_completion_tokens
+                            if self.usd_per_1m_batch_completion_tokens is not None
+                            else self.usd_per_1m_completion_tokens * self.batch_discount)
+        return (self.model, self.usd_per_1m_prompt_tokens, self.usd_per_1m_completion_tokens,
+                batch_prompt, batch_completion)
+
+
+# The settings fields that are not copied by name: to_settings() builds each from these
+# resource fields of other shapes.
+SETTINGS_BUILT_FROM = {
+    "endpoints": ("endpoints", "managed_endpoints"),
+    "model_prices": ("prices",),
+    "mlflow_models": ("mlflow_models",),
+}
