@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
+from .delivery.batch_api.deadline import deadline_at
 from .delivery.batch_api.mode import BatchModeCall, check_mode
 from .delivery.online import OnlineDelivery
 from .delivery.pool import EndpointPool
@@ -107,7 +108,8 @@ class InferenceClient:
     async def ainfer(self, df: Any, call: InferenceCall | None = None, /, *,
                      run_id: str | None = None, supersede_stale: bool = False,
                      collect_keys: bool = False, logger: Any = None, mode: str = "online",
-                     wait: bool = True, **call_fields: Any) -> InferenceResult:
+                     wait: bool = True, deadline: Any = None, **call_fields: Any
+                     ) -> InferenceResult:
         """One chat answer per row of ``df``; failures are data in the error column.
 
         ``call`` (an :class:`InferenceCall`) says what to send; ``call_fields`` are its fields
@@ -117,7 +119,7 @@ class InferenceClient:
         return await self.arun_call(
             df, InferenceCall.of(call, **call_fields), run_id=run_id,
             supersede_stale=supersede_stale, collect_keys=collect_keys, logger=logger,
-            mode=mode, wait=wait)
+            mode=mode, wait=wait, deadline=deadline)
 
     def embed(self, df: Any, call: EmbedCall | None = None, /, **kwargs: Any
               ) -> InferenceResult:
@@ -127,7 +129,8 @@ class InferenceClient:
     async def aembed(self, df: Any, call: EmbedCall | None = None, /, *,
                      run_id: str | None = None, supersede_stale: bool = False,
                      collect_keys: bool = False, logger: Any = None, mode: str = "online",
-                     wait: bool = True, **call_fields: Any) -> InferenceResult:
+                     wait: bool = True, deadline: Any = None, **call_fields: Any
+                     ) -> InferenceResult:
         """One float32 vector (a 1-D numpy array) per row of ``df``; failures are data in the
         error column. ``call`` (an :class:`~.tasks.embed.call.EmbedCall`) or its fields as
         keywords: ``input=`` (a template) or ``input_column=``, ``model=``,
@@ -136,7 +139,7 @@ class InferenceClient:
         return await self.arun_call(
             df, EmbedCall.of(call, **call_fields), run_id=run_id,
             supersede_stale=supersede_stale, collect_keys=collect_keys, logger=logger,
-            mode=mode, wait=wait)
+            mode=mode, wait=wait, deadline=deadline)
 
     def predict(self, df: Any, call: PredictCall | None = None, /, **kwargs: Any) -> Any:
         """Sync door to :meth:`apredict`."""
@@ -161,7 +164,8 @@ class InferenceClient:
     async def arun_call(self, df: Any, call: CallBase, /, *, run_id: str | None = None,
                         supersede_stale: bool = False, collect_keys: bool = False,
                         logger: Any = None, mode: str = "online", wait: bool = True,
-                        task_options: dict[str, Any] | None = None) -> InferenceResult:
+                        deadline: Any = None, task_options: dict[str, Any] | None = None
+                        ) -> InferenceResult:
         """Run any job's ``call`` over ``df``: one output per row, failures as data.
 
         ``collect_keys``: keep the rows' distinct request keys in ``result.request_keys`` (to
@@ -170,8 +174,16 @@ class InferenceClient:
         ``mode="batch_api"``: through the provider's offline batch API (an endpoint with
         ``batch_api=True``) at its batch price; ``wait=False`` returns once the batches are
         submitted, the rows deferred "waiting for batch <id>" (see :mod:`.delivery.batch_api`).
+        ``deadline`` (with ``mode="batch_api"``): a ``datetime`` (naive: local time) or a
+        ``timedelta`` from now by which every row is answered, the rows the batches have not
+        answered in time sent online (see :mod:`.delivery.batch_api.deadline`).
         ``task_options``: keywords of the task's ``prepare`` (``models`` for predict)."""
         check_mode(mode, wait)
+        due = deadline_at(deadline)
+        if due is not None and mode != "batch_api":
+            raise InferenceConfigError(
+                "deadline= is for mode='batch_api' (the batch API first, online for what it "
+                "has not answered in time); an online call sends every row now.")
         task_type = task_type_for(call)
         if mode == "batch_api" and task_type.batch_refusal:
             raise InferenceConfigError(f"mode='batch_api': {task_type.batch_refusal}.")
@@ -187,7 +199,7 @@ class InferenceClient:
             run: Any = await BatchModeCall(self, call, task, frame, wait=wait,
                                            token_budget=budget, run_id=run_id, logger=log,
                                            collect_keys=keep_keys,
-                                           budget_usd=call.budget_usd).run()
+                                           budget_usd=call.budget_usd, deadline=due).run()
             paid_totals(run.stats)  # its passes' costs, added up per model
         else:
             run = InferenceRun(
@@ -232,13 +244,13 @@ class InferenceClient:
     def plan(self, df: Any, call: CallBase | None = None, /, task: str = "chat", *,
              mode: str = "online", run_id: str | None = None, supersede_stale: bool = False,
              collect_keys: bool = False, logger: Any = None, wait: bool = True,
-             **call_fields: Any) -> Plan:
+             deadline: Any = None, **call_fields: Any) -> Plan:
         """What ``infer`` (or ``embed`` / ``predict`` / ``run_call``, as for :meth:`estimate`)
         with the same arguments would send and cost, forecast from the ledger's past usage of
         the same scope and model (see :mod:`.plan`); nothing is sent. ``mode`` picks the
         delivery of ``plan.cost_usd``; ``plan.cost_by_delivery`` has every one offered.
-        (``run_id``, ``supersede_stale``, ``collect_keys``, ``logger``, ``wait``: taken so
-        that infer's arguments pass as they are; they change nothing sent.)"""
+        (``run_id``, ``supersede_stale``, ``collect_keys``, ``logger``, ``wait``,
+        ``deadline``: taken so that infer's arguments pass as they are.)"""
         check_mode(mode, wait)
         call, counted = self._dry_run(df, call, task, call_fields)
         return make_plan(self.settings, self.ledger, counted, scope=call.scope,

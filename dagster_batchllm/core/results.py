@@ -55,6 +55,10 @@ class InferenceStats:
     #: at the online price)
     mode: str = "online"
     online_cost_usd: float | None = None
+    #: A batch-mode call with a deadline: the deadline and when the call finished, whether
+    #: it was met, when the rows still unanswered went online, rows answered by batch and
+    #: online, and rows answered by both (``duplicate_rows``, ``duplicate_cost_usd``).
+    deadline: dict[str, Any] | None = None
 
     @property
     def rows_per_s(self) -> float:

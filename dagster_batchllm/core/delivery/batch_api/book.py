@@ -101,10 +101,12 @@ class BatchBook:
         """A book made before gains the columns added since: ``content`` and
         ``finish_reason`` (its answered lines keep their reply bodies in ``response``, which
         is still read), ``delivered_at`` (its batches' rows have ledger records, so they
-        count as delivered) and ``cached_tokens`` (NULL: not known, priced as uncached)."""
+        count as delivered), ``cached_tokens`` (NULL: not known, priced as uncached) and
+        a deadline's ``switch_at`` and ``overtaken_at`` (NULL: none)."""
         for table, column, then in (
                 (self.lines, "content", None), (self.lines, "finish_reason", None),
-                (self.lines, "cached_tokens", None),
+                (self.lines, "cached_tokens", None), (self.batches, "switch_at", None),
+                (self.batches, "overtaken_at", None),
                 (self.batches, "delivered_at", "UPDATE {table} SET delivered_at = updated_at")):
             have = {c["name"] for c in sa.inspect(self.engine).get_columns(
                 table.name, schema=table.schema)}
@@ -199,6 +201,50 @@ class BatchBook:
                 t.c.submission_id.in_(ids), t.c.scope == scope,
                 t.c.partition_key == partition_key, t.c.delivered_at.is_(None))
                 .values(delivered_at=time.time()))
+
+    # -- deadlines (see deadline.py) -----------------------------------------------------------
+    def set_switch_at(self, scope: str, partition_key: str, switch_at: float) -> None:
+        """When the partition's rows still unanswered go online, on its undelivered batches."""
+        t = self.batches
+        with self.engine.begin() as conn:
+            conn.execute(t.update().where(
+                t.c.scope == scope, t.c.partition_key == partition_key,
+                t.c.delivered_at.is_(None)).values(switch_at=switch_at))
+
+    def mark_overtaken(self, submission_ids: Iterable[str]) -> None:
+        """The batches whose rows went online unfinished: the partition no longer waits for
+        them, and what they answer from now on is a duplicate (see overtaken_answers)."""
+        ids = list(submission_ids)
+        if ids:
+            t, now = self.batches, time.time()
+            with self.engine.begin() as conn:
+                conn.execute(t.update().where(t.c.submission_id.in_(ids))
+                             .values(overtaken_at=now, delivered_at=sa.func.coalesce(
+                                 t.c.delivered_at, now)))
+
+    def overtaken_answers(self, scope: str, partition_key: str
+                          ) -> list[tuple[str, str, int, int, int]]:
+        """Per overtaken batch of the partition: (model, endpoint, answered lines, their
+        prompt and completion tokens)."""
+        b, line = self.batches, self.lines
+        query = (sa.select(b.c.model, b.c.endpoint, sa.func.count(),
+                           sa.func.coalesce(sa.func.sum(line.c.prompt_tokens), 0),
+                           sa.func.coalesce(sa.func.sum(line.c.completion_tokens), 0))
+                 .join(line, line.c.submission_id == b.c.submission_id)
+                 .where(b.c.scope == scope, b.c.partition_key == partition_key,
+                        b.c.overtaken_at.is_not(None), line.c.state == LINE_OK)
+                 .group_by(b.c.submission_id, b.c.model, b.c.endpoint))
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(query)]
+
+    def switch_times(self, scope: str) -> dict[str, float]:
+        """Per partition of ``scope`` waiting for its batches: the earliest switch time."""
+        t = self.batches
+        query = (sa.select(t.c.partition_key, sa.func.min(t.c.switch_at))
+                 .where(t.c.scope == scope, t.c.delivered_at.is_(None),
+                        t.c.switch_at.is_not(None)).group_by(t.c.partition_key))
+        with self.engine.connect() as conn:
+            return {partition: float(at) for partition, at in conn.execute(query)}
 
     def update_batch(self, submission_id: str, *, expect_status: str | None = None,
                      **values: Any) -> bool:

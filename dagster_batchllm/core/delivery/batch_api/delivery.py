@@ -20,10 +20,8 @@ had no line the next are recorded as first attempts at once, all or none: if any
 line after all, the book takes none of them and they are looked up and decided as above.
 
 So a worker never waits for a batch, and memory stays flat in rows: lines are streamed to a
-file on disk, which is cut at the endpoint's ``max_requests_per_batch`` / ``max_bytes_per_batch``
-and uploaded by a background task while the run goes on. Lookups and book writes are gathered
-into one thread call per couple of thousand keys (see :mod:`.batch_spool`), and the rows of one
-file share one deferral error and its cell text.
+file, cut at ``max_requests_per_batch`` / ``max_bytes_per_batch`` and uploaded in the
+background; lookups and book writes are gathered per couple of thousand keys (:mod:`.spool`).
 """
 
 from __future__ import annotations
@@ -44,6 +42,7 @@ from ..base import Delivery
 from ..limits import CostBudget, TokenBudget
 from ..transport import Completion
 from .book import COLLECTED, LINE_OK, SUBMIT_FAILED, BatchBook
+from .deadline import LEFT_FOR_ONLINE
 from .protocol import BatchProtocol
 from .readers import read_line_body
 from .spool import Gatherer, Spool, waiting_for
@@ -75,8 +74,12 @@ class BatchDelivery(Delivery):
                  budget: TokenBudget | None, scope: str, partition_key: str,
                  run_id: str | None, log: Any = None, cost_budget: CostBudget | None = None,
                  answered: dict[str, tuple] | None = None,
-                 in_hand: dict[str, Any] | None = None):
+                 in_hand: dict[str, Any] | None = None, submits: bool = True):
         self.settings = settings
+        #: False at a deadline's switch (see deadline.py): a key with no answer in an ended
+        #: batch is deferred for the online endpoints, not put in a file or waited for.
+        self.submits = submits
+        self._left_for_online = DeferredError(LEFT_FOR_ONLINE)
         #: Lines the call's collector just collected (BatchCollector.answers), taken from
         #: there rather than read back from the book, and the keys taken (the collector
         #: writes the answers of the others to the book after the pass).
@@ -146,9 +149,8 @@ class BatchDelivery(Delivery):
             self._directory = Path(tempfile.mkdtemp(prefix="batchllm-batch-files-"))
 
     async def close(self) -> None:
-        """Nothing to do at the end of one engine run: the pass that owns this delivery
-        submits the open files (:meth:`submit_open_files`) after its last run, or waits for
-        the uploads started and drops the rest (:meth:`discard`) after a stop."""
+        """Nothing at the end of one engine run: the pass submits the open files after its
+        last run (:meth:`submit_open_files`), or drops them after a stop (:meth:`discard`)."""
 
     async def wait_for_uploads(self) -> None:
         """Wait for the uploads already started (whatever comes of them)."""
@@ -216,6 +218,9 @@ class BatchDelivery(Delivery):
                                         cached_tokens=cached)
                 continue
             if line is not None:
+                if line.batch_status not in (COLLECTED, SUBMIT_FAILED) and not self.submits:
+                    results[i] = self._left_for_online
+                    continue
                 if line.batch_status not in (COLLECTED, SUBMIT_FAILED):
                     self.waiting.add(line.submission_id)
                     own = self._own.get(line.submission_id)  # a row of an earlier slice's key
@@ -255,6 +260,9 @@ class BatchDelivery(Delivery):
                                           error_type=ErrorType(line.error_type or "server_error"))
                     continue
                 attempt = line.attempt + 1
+            if not self.submits:
+                results[i] = self._left_for_online
+                continue
             data = line_of(request.key, self.route, request.body)
             if type(data) is not bytes:  # a request the provider's API cannot express
                 results[i] = data
@@ -314,10 +322,9 @@ class BatchDelivery(Delivery):
                                        "again")
 
     def _waiting_error(self, name: str, status: str) -> DeferredError:
-        error = self._waiting_errors.get((name, status))
-        if error is None:
-            error = self._waiting_errors[(name, status)] = waiting_for(name, status)
-        return error
+        known = self._waiting_errors
+        return known.get((name, status)) or known.setdefault((name, status),
+                                                             waiting_for(name, status))
 
     def _latest_lines(self, keys: list[str]) -> list[Any]:
         answered = self.answered

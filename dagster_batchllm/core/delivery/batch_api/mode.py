@@ -36,6 +36,8 @@ from ...tasks.base import CallBase, Task
 from ..limits import CostBudget, TokenBudget
 from .book import COLLECTED, SUBMIT_FAILED, BatchBook
 from .collect import BatchCollector, progress_line
+from .deadline import DeadlineKeeper, duplicates
+from .deadline_switch import deadline_keeper, switch_to_online
 from .delivery import BatchDelivery
 from .protocol import batch_config_problem, protocol_for
 from .submit import batch_name
@@ -66,7 +68,7 @@ class BatchModeCall:
 
     def __init__(self, client: Any, call: CallBase, task: Task, inputs: Any, *, wait: bool,
                  token_budget: int | None, run_id: str | None, logger: Any,
-                 budget_usd: float | None = None,
+                 budget_usd: float | None = None, deadline: float | None = None,
                  collect_keys: bool):
         settings = client.settings
         self.task = task
@@ -103,6 +105,8 @@ class BatchModeCall:
         self.pass_settings = settings.replace(
             ledger_flush_rows=max(settings.ledger_flush_rows, _PASS_FLUSH_ROWS),
             coordinate_runs=False)
+        self._deadline_at = deadline
+        self.deadline: DeadlineKeeper | None = None  # made when the call runs (see _run)
 
     async def run(self) -> _Merged:
         # The collector's objects (a line result per answered line) are no more garbage than
@@ -114,8 +118,16 @@ class BatchModeCall:
         merged = _Merged(len(self.inputs), self.collect_keys)
         rows: Sequence[int] = range(len(self.inputs))  # the rows this pass covers
         started = time.perf_counter()
+        keeper = self.deadline = (await deadline_keeper(self, self._deadline_at)
+                                  if self._deadline_at is not None else None)
         try:
-            while True:
+            # A deadline the table's rows would miss if they waited for a batch first (or that
+            # even the online endpoints cannot meet): online now.
+            done = keeper is not None and (keeper.say_if_out_of_reach(len(rows))
+                                           or keeper.due(len(rows)))
+            if done:
+                await switch_to_online(self, rows, merged)
+            while not done:
                 await self.collector.refresh()
                 # A pass over the whole table settles every row of the partition's ended
                 # batches (from the book, or from the ledger where another run wrote them).
@@ -123,9 +135,20 @@ class BatchModeCall:
                     self.book.undelivered, self.call.scope, self.call.partition_key, ENDED_HERE)
                     if isinstance(rows, range) else [])
                 delivery = await self._pass(rows, merged, delivered=ended)
-                if not self.wait or not delivery.waiting:
+                if not delivery.waiting:
                     break
-                await self._wait_for(delivery.waiting)
+                waiting = len(merged.waiting_rows())
+                if keeper is not None and keeper.due(waiting):
+                    await switch_to_online(self, merged.waiting_rows(), merged)
+                    break
+                if not self.wait:
+                    if keeper is not None:
+                        await asyncio.to_thread(keeper.record_switch_time, waiting)
+                    break
+                if await self._wait_for(delivery.waiting, until=(
+                        keeper.switch_at(waiting) if keeper is not None else None)):
+                    await switch_to_online(self, merged.waiting_rows(), merged)
+                    break
                 rows = merged.waiting_rows()
                 if not rows:
                     break
@@ -135,10 +158,18 @@ class BatchModeCall:
             for protocol in self.protocols.values():
                 protocol.close()
         merged.finish(self.settings, time.perf_counter() - started)
+        if keeper is not None:
+            s = merged.stats
+            keeper.online_rows = merged.answered_online
+            keeper.batch_rows = s.succeeded - s.cached - merged.answered_online
+            # Of the partition, also those a later collection found (see deadline.duplicates).
+            keeper.duplicate_rows, keeper.duplicate_cost_usd = await asyncio.to_thread(
+                duplicates, self.book, self.settings, self.call.scope, self.call.partition_key)
+            s.deadline = keeper.figures(finished_at=time.time(), unanswered=s.deferred)
         return merged
 
     async def _pass(self, rows: Sequence[int], merged: _Merged,
-                    delivered: Sequence[str] = ()) -> BatchDelivery:
+                    delivered: Sequence[str] = (), *, submits: bool = True) -> BatchDelivery:
         """One pass over ``rows``: an engine run per slice of them, over one delivery (so
         files fill across slices). What an engine run keeps per row until it ends (a deferred
         row's key and outcome, its dictionaries' slots) is then a slice's, not the table's;
@@ -150,7 +181,7 @@ class BatchModeCall:
             budget=self.budget, cost_budget=self.cost_budget, scope=self.call.scope,
             partition_key=self.call.partition_key,
             run_id=self.run_id, log=self.log, answered=self.collector.answers,
-            in_hand=self.collector.in_hand)
+            in_hand=self.collector.in_hand, submits=submits)
         lines = task.batch_line(delivery)  # what the engine hands the rows to
         try:
             for start in range(0, max(1, len(rows)), _SLICE_ROWS):
@@ -197,9 +228,13 @@ class BatchModeCall:
             errors[row] = new
         self.book.deferrals.rename(self.call.scope, self.call.partition_key, renamed)
 
-    async def _wait_for(self, submissions: set[str]) -> None:
+    async def _wait_for(self, submissions: set[str], until: float | None = None) -> bool:
+        """Poll the batches until they end (False), or until the epoch time ``until`` (a
+        deadline's switch time; True)."""
         delay = self.settings.batch_poll_initial_s
         while True:
+            if until is not None and time.time() >= until:
+                return True
             rows = await self.collector.refresh(only=submissions)
             pending = [r for r in rows if r["status"] not in ("collected", "submit_failed")]
             if not pending:
@@ -212,9 +247,10 @@ class BatchModeCall:
                     self.log.warning(f"batchllm: no batch could be submitted; trying again in "
                                      f"{pause:.0f} s (within max_attempts)")
                     await asyncio.sleep(pause)
-                return
-            self.log.info(f"batchllm: {progress_line(rows)}; next poll in {delay:.0f} s")
-            await asyncio.sleep(delay)
+                return False
+            pause = delay if until is None else max(0.0, min(delay, until - time.time()))
+            self.log.info(f"batchllm: {progress_line(rows)}; next poll in {pause:.0f} s")
+            await asyncio.sleep(pause)
             delay = min(self.settings.batch_poll_max_s, delay * 1.5)
 
 
@@ -230,14 +266,22 @@ class _Merged:
         self.keys: set[str] | None = set() if collect_keys else None
         self.stats = InferenceStats(rows=n)
         self._latency: tuple[float | None, float | None] = (None, None)
+        self.online_tokens: dict[str, dict[str, Any]] = {}  # of a deadline's online run
+        self.answered_online = 0  # rows it answered
 
     def waiting_rows(self) -> list[int]:
         deferred = RowStatus.DEFERRED
         return [i for i, status in enumerate(self.row_status)
                 if status == deferred and _WAITING in (self.errors[i] or "")]
 
-    def add(self, run: InferenceRun, rows: Sequence[int]) -> None:
-        """A run's outcomes, its row ``j`` being row ``rows[j]`` of the table."""
+    def add(self, run: InferenceRun, rows: Sequence[int], *, online: bool = False) -> None:
+        """A run's outcomes, its row ``j`` being row ``rows[j]`` of the table (``online``:
+        a deadline's online run, its tokens at the online price)."""
+        if online:
+            for model, tokens in run.stats.tokens_by_model.items():
+                held = self.online_tokens.setdefault(model, {})
+                for name, value in tokens.items():
+                    held[name] = held.get(name, 0) + value
         if isinstance(rows, range) and rows.step == 1:  # a slice of the table: copied whole
             a, b = rows.start, rows.stop
             self.outputs[a:b] = run.outputs
@@ -291,7 +335,13 @@ class _Merged:
         s.elapsed_s = elapsed_s
         s.mode = "batch_api"
         s.online_cost_usd = estimate_cost(settings, s.tokens_by_model)
-        s.estimated_cost_usd = estimate_cost(settings, s.tokens_by_model, batch=True)
+        online = self.online_tokens
+        by_batch = {model: {name: tokens.get(name, 0) - online.get(model, {}).get(name, 0)
+                            for name in ("prompt_tokens", "completion_tokens")}
+                    for model, tokens in s.tokens_by_model.items()}
+        parts = [estimate_cost(settings, by_batch, batch=True)] + (
+            [estimate_cost(settings, online)] if online else [])
+        s.estimated_cost_usd = (round(sum(parts), 6) if None not in parts else None)
 
 
 __all__ = ["MODES", "BatchModeCall", "check_mode"]

@@ -97,6 +97,11 @@ def book_tables(ledger_table: str) -> tuple[sa.Table, sa.Table]:
         # ledger: until then the partition waits for it (see waiting_for_batches), as the
         # rows deferred into it have no ledger record of their own.
         sa.Column("delivered_at", sa.Float),
+        # A deadline's (see deadline.py): when the partition's unanswered rows are to go
+        # online (what the batch-collect sensor reads with wait=False), and when they went,
+        # this batch still unfinished: whatever it answers after that is a duplicate.
+        sa.Column("switch_at", sa.Float),
+        sa.Column("overtaken_at", sa.Float),
         sa.Index(f"ix_{table}_batches_status", "status"),
     )
     # One line per (key, attempt): two runs that both try to submit a key's next attempt
