@@ -11,9 +11,12 @@ import datetime as dt
 import logging
 import time
 
+import numpy as np
+import pandas as pd
 import pytest
 from batch_helpers import MODEL, PROMPT, batch_stats, book_of, frame
 
+from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.delivery.batch_api.deadline import (
     MARGIN_S,
     deadline_at,
@@ -21,6 +24,8 @@ from dagster_batchllm.core.delivery.batch_api.deadline import (
 )
 from dagster_batchllm.core.errors import InferenceConfigError
 from dagster_batchllm.core.pricing import Price
+from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
+from dagster_batchllm.testing import SimulatedEndpoint
 
 ROWS = 60
 PRICE = Price(input_per_mtok=2.0, output_per_mtok=2.0)  # batch: half
@@ -168,3 +173,25 @@ def test_a_deadline_needs_batch_mode_and_a_time(quick, make_client):
     assert online_requests(quick) == 0
     naive = dt.datetime(2030, 1, 1, 9, 0)
     assert deadline_at(naive) == naive.astimezone().timestamp()
+
+
+def test_embeddings_keep_a_deadline_too(tmp_path):
+    with SimulatedEndpoint(embedding_models=("bge",), embedding_dimensions=8,
+                           batch_stage_s=None) as sim:
+        sim.configure(batch_validating_s=0.0, batch_cancelling_s=0.0)  # then stalled
+        settings = InferenceSettings(
+            endpoints=(EndpointSpec(name="sim", base_url=sim.base_url, embedding_models=("bge",),
+                                    batch_api=True),),
+            store_url=f"sqlite:///{tmp_path / 'ledger.db'}", batch_poll_initial_s=0.02,
+            batch_poll_max_s=0.2, ledger_flush_interval_s=0.05)
+        texts = pd.DataFrame({"text": [f"text {i}" for i in range(40)]})
+        with InferenceClient(settings) as client:
+            client.embed(texts.assign(text="past " + texts["text"]), input_column="text",
+                         scope="past")  # measured online
+            deadline = time.time() + MARGIN_S + 5
+            result = client.embed(texts, input_column="text", mode="batch_api",
+                                  deadline=deadline)
+            assert time.time() <= deadline and result.stats.succeeded == 40
+            assert result.stats.deadline["rows_online"] == 40 and result.stats.deadline["met"]
+            assert all(v.dtype == np.float32 for v in result.df["embedding"])
+            assert sim.stats(log=False)["batches"]["batches_created"] == 1

@@ -233,8 +233,6 @@ class BatchModeCall:
         deadline's switch time; True)."""
         delay = self.settings.batch_poll_initial_s
         while True:
-            if until is not None and time.time() >= until:
-                return True
             rows = await self.collector.refresh(only=submissions)
             pending = [r for r in rows if r["status"] not in ("collected", "submit_failed")]
             if not pending:
@@ -243,11 +241,14 @@ class BatchModeCall:
                     # next pass submits again, after a pause that grows with each such pass.
                     self._refused += 1
                     pause = min(self.settings.batch_poll_max_s,
-                                self.settings.batch_poll_initial_s * 2 ** self._refused)
+                                self.settings.batch_poll_initial_s * 2 ** self._refused,
+                                *(() if until is None else (max(0.0, until - time.time()),)))
                     self.log.warning(f"batchllm: no batch could be submitted; trying again in "
                                      f"{pause:.0f} s (within max_attempts)")
                     await asyncio.sleep(pause)
                 return False
+            if until is not None and time.time() >= until:
+                return True  # (polled once more first: a batch that just ended is used)
             pause = delay if until is None else max(0.0, min(delay, until - time.time()))
             self.log.info(f"batchllm: {progress_line(rows)}; next poll in {pause:.0f} s")
             await asyncio.sleep(pause)
