@@ -195,3 +195,17 @@ def test_embeddings_keep_a_deadline_too(tmp_path):
             assert result.stats.deadline["rows_online"] == 40 and result.stats.deadline["met"]
             assert all(v.dtype == np.float32 for v in result.df["embedding"])
             assert sim.stats(log=False)["batches"]["batches_created"] == 1
+
+
+def test_a_run_that_finds_its_batches_ended_collects_them_even_close_to_the_deadline(
+        held, make_client):
+    client = calibrated(make_client, held)
+    first = infer(client, frame(ROWS), wait=False, deadline=time.time() + 300)
+    assert first.stats.deferred == ROWS
+    held.complete_batches()
+    # For all its rows this deadline would be due now (WAKE_S alone is 90 s); but the batch
+    # has ended and answers every row: nothing goes online.
+    collected = infer(client, frame(ROWS), wait=False, deadline=time.time() + 95)
+    assert collected.stats.succeeded == ROWS and online_requests(held) == 0
+    assert collected.stats.deadline["rows_by_batch"] == ROWS
+    assert collected.stats.deadline["switched_online_at"] is None

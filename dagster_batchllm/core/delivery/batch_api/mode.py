@@ -121,9 +121,11 @@ class BatchModeCall:
         keeper = self.deadline = (await deadline_keeper(self, self._deadline_at)
                                   if self._deadline_at is not None else None)
         try:
-            # A deadline the table's rows would miss if they waited for a batch first (or that
-            # even the online endpoints cannot meet): online now.
-            done = keeper is not None and (keeper.say_if_out_of_reach(len(rows))
+            # A partition with nothing submitted yet whose rows would miss the deadline if they
+            # waited for a batch first (or that even the online endpoints cannot answer in
+            # time): online now. (With batches out, the first pass says how many rows wait.)
+            done = keeper is not None and not await asyncio.to_thread(
+                self._has_batches_out) and (keeper.say_if_out_of_reach(len(rows))
                                            or keeper.due(len(rows)))
             if done:
                 await switch_to_online(self, rows, merged)
@@ -138,7 +140,8 @@ class BatchModeCall:
                 if not delivery.waiting:
                     break
                 waiting = len(merged.waiting_rows())
-                if keeper is not None and keeper.due(waiting):
+                if keeper is not None and (keeper.say_if_out_of_reach(waiting)
+                                           or keeper.due(waiting)):
                     await switch_to_online(self, merged.waiting_rows(), merged)
                     break
                 if not self.wait:
@@ -210,6 +213,11 @@ class BatchModeCall:
         await asyncio.to_thread(self.book.mark_delivered, {*delivery.consumed, *delivered},
                                 self.call.scope, self.call.partition_key)
         return delivery
+
+    def _has_batches_out(self) -> bool:
+        """Whether the partition has batches its rows wait for (submitted by an earlier run)."""
+        return any(row["delivered_at"] is None for row in self.book.all_batches(
+            self.call.scope, self.call.partition_key))
 
     def _name_batches(self, merged: _Merged, rows: Sequence[int],
                       submitted: dict[str, str | None]) -> None:
