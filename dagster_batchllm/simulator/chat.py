@@ -43,6 +43,9 @@ class Generation:
     prompt: str = ""  # the last user message as the responder read it
     cached_tokens: int | None = None  # None: no prefix cache, the usage leaves the field out
     prefill_s: float = 0.0  # latency added for the prompt tokens not cached
+    # OpenAI's choices[].logprobs.content, when the request asked logprobs=true and the
+    # responder gives them (see labelled.py); None: the reply says "logprobs": null
+    logprobs: list | None = None
 
     malformed = MALFORMED_BODY
 
@@ -62,7 +65,8 @@ class Generation:
         completion_tokens = tokens(text) * self.n
         payload = completion_payload(self.chat, f"{next(serving.ids)}", self.model, text, finish,
                                      self.n, self.prompt_tokens, completion_tokens,
-                                     self.cached_tokens)
+                                     self.cached_tokens,
+                                     self.logprobs if outcome == "ok" else None)
         if outcome == "no_choices":
             del payload["choices"], payload["usage"]
             return payload, None
@@ -128,8 +132,11 @@ def prepare_generation(serving: Serving, body: object, chat: bool) -> Generation
     n = body.get("n") or 1
     n = n if isinstance(n, int) and n > 0 else 1
     cached, prefill_s = _prefill(serving, laid_out, prompt_tokens)
+    scorer = getattr(serving.responder, "logprobs", None)
+    logprobs = (scorer(model, messages, params, text)
+                if chat and body.get("logprobs") is True and callable(scorer) else None)
     return Generation(body, chat, model, prompt_tokens, text, finish, n, images,
-                      prompt_text(messages) if images else "", cached, prefill_s)
+                      prompt_text(messages) if images else "", cached, prefill_s, logprobs)
 
 
 def _prefill(serving: Serving, laid_out: list[tuple[str, str]], prompt_tokens: int
@@ -143,11 +150,12 @@ def _prefill(serving: Serving, laid_out: list[tuple[str, str]], prompt_tokens: i
 
 def completion_payload(chat: bool, serial: str, model: str, text: str, finish: str, n: int,
                        prompt_tokens: int, completion_tokens: int,
-                       cached_tokens: int | None = None) -> dict:
+                       cached_tokens: int | None = None, logprobs: list | None = None) -> dict:
     if chat:
         kind, prefix = "chat.completion", "chatcmpl-sim"
+        scored = None if logprobs is None else {"content": logprobs}
         choices = [{"index": i, "message": {"role": "assistant", "content": text},
-                    "finish_reason": finish, "logprobs": None} for i in range(n)]
+                    "finish_reason": finish, "logprobs": scored} for i in range(n)]
     else:
         kind, prefix = "text_completion", "cmpl-sim"
         choices = [{"index": i, "text": text, "finish_reason": finish, "logprobs": None}
