@@ -44,6 +44,7 @@ _LAZY = {
     "build_embedding_asset": "dagster_batchllm.factories.embedding",
     "EmbedCall": "dagster_batchllm.core.tasks.embed.call",
     "build_call_asset": "dagster_batchllm.factories.calls",
+    "Cascade": "dagster_batchllm.semantic.options",
 }
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "BatchInferenceComponent",
     "BatchInferenceResource",
     "BatchLLMError",
+    "Cascade",
     "Endpoint",
     "EndpointSpec",
     "ErrorType",

@@ -61,11 +61,15 @@ class BoundCall:
     # return_type_format): an embedding or custom model, which answers in its own type, has no
     # use for it, and an explicit responseFormat is refused there.
     format_from_return_type: bool = False
+    # A ``dagster_batchllm.semantic.Cascade``: the call's rows go to its proxy, the unsure ones
+    # to its oracle (see semantic/cascade.py), all of the call's rows at once.
+    cascade: Any = None
 
     @cached_property
     def request_id(self) -> str:
-        return json.dumps([self.system, self.params, self.response_format], sort_keys=True,
-                          separators=(",", ":"), ensure_ascii=False)
+        cascade = None if self.cascade is None else self.cascade.as_dict()
+        return json.dumps([self.system, self.params, self.response_format, cascade],
+                          sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
     @property
     def sql_type(self) -> SQLType:

@@ -30,6 +30,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from ..core.errors import InferenceConfigError
+from ..semantic.options import Cascade
 from .calls import (
     BoundCall,
     as_bool,
@@ -46,6 +47,7 @@ from .schemas import read_return_type, return_type_format
 from .types import FLOAT, STRING, SQLType, struct
 
 REQUIRED = object()
+BOOLEAN_TYPE = SQLType("BOOLEAN")
 T = TypeVar("T")
 
 # Families of DuckDB types an argument accepts (checked on ``typeof(argument)``).
@@ -249,6 +251,7 @@ def _bind_classify(o: Mapping[str, Any]) -> BoundCall:
     labels = as_labels("ai_classify", "labels", o["labels"], minimum=2)
     return BoundCall(
         "ai_classify",
+        cascade=Cascade.parse(o.get("cascade"), "ai_classify: argument 'cascade'"),
         system=("Classify the text the user sends into exactly one of these labels: "
                 f"{json.dumps(list(labels), ensure_ascii=False)}. Answer in JSON."),
         response_format=_object_schema(label={"type": "string", "enum": list(labels)}),
@@ -274,6 +277,27 @@ def _bind_extract(o: Mapping[str, Any]) -> BoundCall:
         result_type=_extract_type(o),
         null_when_unreadable=True,  # undocumented; NULL, apart from a STRUCT of NULL fields
     )
+
+
+def _bind_filter(o: Mapping[str, Any]) -> BoundCall:
+    predicate = as_text("ai_filter", "predicate", o["predicate"])
+    return BoundCall(
+        "ai_filter",
+        system=("Decide whether the text the user sends satisfies this predicate: "
+                f"{predicate.strip()}\nAnswer in JSON: answer is true or false."),
+        response_format=_object_schema(answer={"type": "boolean"}),
+        result_type=BOOLEAN_TYPE,
+        reader=_answer,
+        null_when_unreadable=True,  # as ai_classify: NULL when the reply cannot be read
+        cascade=Cascade.parse(o.get("cascade"), "ai_filter: argument 'cascade'"),
+    )
+
+
+def _answer(value: Any) -> bool:
+    answer = value["answer"]
+    if not isinstance(answer, bool):
+        raise TypeError(f"'answer' is {type(answer).__name__} {answer!r}, not true or false")
+    return answer
 
 
 _SENTIMENTS = ["positive", "negative", "neutral", "mixed"]
@@ -337,12 +361,18 @@ def _fixed(sql_type: SQLType) -> Callable[[Mapping[str, Any]], SQLType]:
 
 
 _CONTENT = Param("content", "text")
+# A cascade (see dagster_batchllm.semantic): a STRUCT, MAP or JSON object of Cascade's fields.
+_CASCADE = Param("cascade", "option", OBJECT, None)
 AI_FUNCTIONS = (
     AIFunction("ai_summarize", (_CONTENT, Param("max_words", "option", INTEGER, 50),
                                 _endpoint()),
                _bind_summarize, _fixed(STRING), _only, "A summary of at most max_words words."),
-    AIFunction("ai_classify", (_CONTENT, Param("labels", "option", LABELS), _endpoint()),
+    AIFunction("ai_classify", (_CONTENT, Param("labels", "option", LABELS), _endpoint(),
+                               _CASCADE),
                _bind_classify, _fixed(STRING), _only, "The one label that fits the content."),
+    AIFunction("ai_filter", (Param("predicate", "option"), _CONTENT, _endpoint(), _CASCADE),
+               _bind_filter, _fixed(BOOLEAN_TYPE), _only,
+               "Whether the content satisfies the predicate; NULL when the reply is unreadable."),
     AIFunction("ai_extract", (_CONTENT, Param("labels", "option", LABELS, shapes_result=True),
                               _endpoint()),
                _bind_extract, _extract_type, _only,

@@ -32,7 +32,7 @@ from .images import DEFAULT_MAX_IMAGE_BYTES, IMAGE_DETAILS, image_columns
 # The OpenAI chat parameters a call may set besides max_tokens and temperature.
 GENERATION_PARAMS = (
     "max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",
-    "frequency_penalty", "n", "logit_bias", "user",
+    "frequency_penalty", "n", "logit_bias", "user", "logprobs", "top_logprobs",
 )
 
 
@@ -262,6 +262,12 @@ def checked_param(name: str, value: Any) -> Any:
         raise InferenceConfigError(f"stop must be a string or a list of strings, got {value!r}.")
     if name == "user" and not isinstance(value, str):
         raise InferenceConfigError(f"user must be a string, got {type(value).__name__}.")
+    if name == "logprobs" and not isinstance(value, bool):
+        raise InferenceConfigError(f"logprobs must be true or false, got {value!r}.")
+    if name == "top_logprobs" and (isinstance(value, bool) or not isinstance(
+            value, numbers.Integral) or not 0 <= int(value) <= 20):
+        raise InferenceConfigError(f"top_logprobs must be a whole number from 0 to 20, "
+                                   f"got {value!r}.")
     if name == "logit_bias" and not isinstance(value, Mapping):
         raise InferenceConfigError("logit_bias must be a mapping of token ids to biases.")
     return list(value) if name == "stop" and not isinstance(value, str) else value
