@@ -49,7 +49,7 @@ from .builders import register_builder
 from .job import MODEL_COLUMN, PROMPT_COLUMN, SparkJob
 
 # The Spark type of each function's result; anything not listed is a STRING.
-SPARK_TYPES = {"ai_similarity": "double"}
+SPARK_TYPES = {"ai_similarity": "double", "ai_filter": "boolean"}
 _NAMES = tuple(f.name for f in AI_FUNCTIONS)
 
 
@@ -100,8 +100,14 @@ def check_call(ai: Any, function: AIFunction, default_model: str | None,
                     f"{name}: argument '{param.name}' must be a constant (the same for every "
                     "row).")
             options[param.name] = _constant(name, param.name, expr)
-    function.bind(options)
+    call = function.bind(options)
     endpoint = arguments.get("endpoint")
+    if call.cascade is not None:  # the cascade names its models
+        if endpoint is not None:
+            raise InferenceConfigError(
+                f"{name}: pass 'endpoint' or 'cascade', not both: the cascade names its models.")
+        call.cascade.check_models(ai.settings.models, name)
+        return
     if endpoint is None:
         if default_model is None:
             raise InferenceConfigError(
@@ -156,6 +162,18 @@ def _constant(function: str, name: str, expression: Any) -> Any:
                 for i in range(value.numElements())]
     if data_type.typeName() == "decimal":
         return float(str(value.toString()))
+    if data_type.getClass().getSimpleName() == "StructType":  # a cascade's named_struct
+        fields = data_type.fields()
+        return {str(f.name()): None if value.isNullAt(i) else _field_value(
+            value.get(i, f.dataType()), f.dataType()) for i, f in enumerate(fields)}
+    return str(value.toString())
+
+
+def _field_value(value: Any, data_type: Any) -> Any:
+    if isinstance(value, bool | int | float | str):
+        return value
+    if data_type.typeName() == "decimal":
+        return float(str(value.toString()))
     return str(value.toString())
 
 
@@ -171,7 +189,17 @@ def run_function(job: SparkJob, name: str, default_model: str | None,
     columns = [t.tolist() for t in texts]
     present = np.array([all(sendable(c[i]) for c in columns) for i in range(n)], dtype=bool)
     values: list[Any] = [None] * n
-    if present.any():
+    if present.any() and call.cascade is not None:
+        rows = present.nonzero()[0]
+        prompts = [function.render(*(c[i] for c in columns)) for i in rows]
+        failed = []
+        for i, (value, error) in zip(rows, cascade_batch(job, call, prompts), strict=True):
+            if error is not None:
+                failed.append(error)
+            values[i] = value
+        if failed:
+            raise failure(name, failed, len(rows))
+    elif present.any():
         endpoints = arguments.get("endpoint")
         models = ([default_model] * n if endpoints is None else
                   [job.model_for(m) if isinstance(m, str) else default_model
@@ -192,13 +220,27 @@ def run_function(job: SparkJob, name: str, default_model: str | None,
         if failed:
             raise failure(name, failed, len(rows))
     worker.count_batch(n)
+    if SPARK_TYPES.get(name) == "boolean":
+        return pd.Series([None if v is None else bool(v) for v in values], dtype=object)
     if SPARK_TYPES.get(name) == "double":
         return pd.Series([None if v is None else float(v) for v in values], dtype="float64")
     return pd.Series([worker.as_sql_text(v) for v in values], dtype=object)
 
 
+def cascade_batch(job: SparkJob, call: Any, prompts: list[str]) -> list[tuple[Any, Any]]:
+    """One Arrow batch's rows through the call's cascade (its thresholds learned on them)."""
+    from ..semantic.cascade import cascade_outcomes
+
+    return cascade_outcomes(worker.client_for(job.settings), call, prompts,
+                            partition_key=job.call.partition_key, scope=job.call.scope,
+                            run_id=job.run_id)
+
+
 def _option(column: Any) -> Any:
-    """The call's constant option from its column (an array arrives as a numpy array)."""
+    """The call's constant option from its column (an array arrives as a numpy array, a
+    struct as a frame of its fields)."""
+    if isinstance(column, pd.DataFrame):
+        return {str(k): worker.plain_value(v) for k, v in column.iloc[0].items()}
     value = worker.first_value(column)
     if hasattr(value, "tolist") and getattr(value, "ndim", 0) > 0:
         return [worker.plain_value(v) for v in value.tolist()]

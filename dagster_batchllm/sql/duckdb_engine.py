@@ -58,6 +58,7 @@ from ..ai_functions.catalogue import (
 from ..ai_functions.embeddings import embedding_result_type, literal_endpoint
 from ..ai_functions.outcomes import as_json, failure, with_error
 from ..core.errors import InferenceConfigError
+from .cascades import CascadeCollector
 from .runtime import Row, Runtime
 
 CALL_UDF = "__batchllm_call"
@@ -92,6 +93,7 @@ class DuckDBFunctions:
         self.connection = connection
         self.runtime = runtime
         self._bind = lru_cache(maxsize=1024)(self._bind_uncached)
+        self._cascades = CascadeCollector(runtime)
 
     def install(self) -> None:
         import duckdb
@@ -128,6 +130,7 @@ class DuckDBFunctions:
         import duckdb
 
         try:
+            self._cascades.collect(self.connection, query, parameters)
             return self.connection.execute(query, parameters)
         except duckdb.BinderException as exc:
             if _NOT_CONSTANT in str(exc) and self.runtime.client.settings.embedding_models:
@@ -172,12 +175,17 @@ class DuckDBFunctions:
                 if not all(sendable(t) for t in texts) or (files_given and file is None):
                     rows.append(("", None))  # NULL (or blank) in, NULL out: nothing to send
                     continue
+                if call.cascade is not None:
+                    rows.append((self.runtime.model_for(spec.name, endpoints[i], required=False,
+                                                        cascade=call.cascade),
+                                 spec.render(*texts)))
+                    continue
                 if endpoints[i] not in models:
                     models[endpoints[i]] = self.runtime.model_for(
                         spec.name, endpoints[i], required=spec.endpoint_required)
                 rows.append((models[endpoints[i]], spec.render(*texts), file))
             batches.append((call, rows))
-        results = self.runtime.answer(batches)
+        results = self._cascades.answer(spec.name, batches)
         out: list[str | None] = [None] * len(firsts)
         errors: list[str] = []
         for (call, _), indices, outcomes in zip(batches, groups.values(), results, strict=True):

@@ -62,12 +62,23 @@ class Runtime:
         self._inflight: dict[Key, asyncio.Future] = {}  # loop thread only
         self._stats = InferenceStats()
         self._stats_lock = threading.Lock()
+        # What each cascade call chose and measured (semantic.cascade.CascadeReport), in order
+        self.cascade_reports: list[Any] = []
 
     # -- models -----------------------------------------------------------------------------
-    def model_for(self, function: str, endpoint: Any, *, required: bool) -> str:
+    def model_for(self, function: str, endpoint: Any, *, required: bool,
+                  cascade: Any = None) -> str:
         """The served model an ``endpoint`` argument names; None means the default model.
-        ``ai_query`` may also name an embedding model (its rows are embedded)."""
+        ``ai_query`` may also name an embedding model (its rows are embedded). A call with a
+        ``cascade`` names its models there (its rows are keyed on the oracle)."""
         settings = self.client.settings
+        if cascade is not None:
+            if endpoint is not None:
+                raise InferenceConfigError(
+                    f"{function}: pass 'endpoint' or 'cascade', not both: the cascade names its "
+                    f"models (proxy '{cascade.proxy}', oracle '{cascade.oracle}').")
+            cascade.check_models(settings.models, function)
+            return cascade.oracle
         served = settings.models
         if function == "ai_query":
             served = served | settings.embedding_models
@@ -123,6 +134,8 @@ class Runtime:
                 theirs[key] = (self._inflight[key], [i])
             else:
                 mine[key] = [i]
+        # A cascade's outcomes are read already (its proxy's and oracle's replies differ)
+        reading = call if call.cascade is None else dataclasses.replace(call, reader=None)
         futures = {key: loop.create_future() for key in mine}
         self._inflight.update(futures)
         try:
@@ -143,11 +156,12 @@ class Runtime:
         for key, indices in mine.items():
             # A vector is the value itself; the call's reader is for a chat reply.
             outcome = (futures[key].result() if key[1] in embedding
-                       else read_outcome(call, futures[key].result()))
+                       else read_outcome(reading, futures[key].result()))
             for i in indices:
                 outcomes[i] = outcome
         for key, (future, indices) in theirs.items():
-            outcome = await future if key[1] in embedding else read_outcome(call, await future)
+            outcome = (await future if key[1] in embedding
+                       else read_outcome(reading, await future))
             for i in indices:
                 outcomes[i] = outcome
         with self._stats_lock:
@@ -159,7 +173,9 @@ class Runtime:
     async def _infer(self, call: BoundCall, keys: list[Key]
                      ) -> list[tuple[Any, str | None]]:
         """The (value, error) of each key's request: chat models' through ``infer``, embedding
-        models' through ``embed`` (a vector as a list of floats)."""
+        models' through ``embed`` (a vector as a list of floats); a cascade's through it."""
+        if call.cascade is not None:
+            return await self._cascade(call, keys)
         scoring = [i for i, k in enumerate(keys) if is_scoring_model(self.client.settings, k[1])]
         if scoring:  # rows for traditional ML models are predicted, the others as below
             return await self._score_then_infer(call, keys, scoring)
@@ -177,6 +193,20 @@ class Runtime:
             for i, outcome in zip(indices, found, strict=True):
                 outcomes[i] = outcome
         return outcomes
+
+    async def _cascade(self, call: BoundCall, keys: list[Key]) -> list[tuple[Any, str | None]]:
+        """Every row of the call through its cascade at once (the thresholds are learned over
+        them): see dagster_batchllm.semantic.cascade."""
+        from ..semantic.cascade import acascade, kind_of
+
+        result = await acascade(
+            self.client, call, [k[2] for k in keys], call.cascade, kind=kind_of(call),
+            partition_key=self.partition_key, scope=self.scope, run_id=self.run_id,
+            logger=self.logger)
+        self._add(result.stats)
+        with self._stats_lock:
+            self.cascade_reports.append(result.report)
+        return result.outcomes
 
     async def _score_then_infer(self, call: BoundCall, keys: list[Key], scoring: list[int]
                                 ) -> list[tuple[Any, str | None]]:

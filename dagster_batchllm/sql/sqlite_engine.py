@@ -176,7 +176,7 @@ class SQLiteFunctions:
                     f"{spec.name}: argument '{files.name}' must be a BLOB (the image) or TEXT "
                     f"(its path or URL), got {type(file).__name__} {file!r:.60}.")
         model = self.runtime.model_for(spec.name, values.get("endpoint"),
-                                       required=spec.endpoint_required)
+                                       required=spec.endpoint_required, cascade=call.cascade)
         text = spec.render(*texts)
         key = (call, model, text, _file_id(file))
         outcome = self._answers.get(key)
@@ -190,6 +190,11 @@ class SQLiteFunctions:
                     self._answer_pending()  # images are large: answer before holding more
                     return _sql_value(call, self._answers[key])
                 return _placeholder(call)
+            if call.cascade is not None:
+                raise InferenceConfigError(
+                    f"{spec.name}: a cascade learns its thresholds over all the rows of the "
+                    "call at once, so run the statement through dagster_batchllm.sql.execute("
+                    "con, query), which collects them first.")
             row = (model, text) if file is None else (model, text, file)
             outcome = self.runtime.answer([(call, [row])])[0][0]
             self._answers[key] = outcome
