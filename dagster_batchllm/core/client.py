@@ -215,6 +215,18 @@ class InferenceClient:
         log.info(f"batchllm: {task.label}: {run.stats.summary()}")
         return task.result(df, run)
 
+    def aggregate(self, df: Any, /, **kwargs: Any) -> Any:
+        """Sync door to :meth:`aaggregate`."""
+        return run_sync(self.aaggregate(df, **kwargs))
+
+    async def aaggregate(self, df: Any, /, **kwargs: Any) -> Any:
+        """One answer per group of ``df``'s rows, however many (``instruction=``, ``column=``,
+        ``by=[...]``, ``model=``, ``max_tokens=`` ...), reduced level by level through
+        :meth:`ainfer`: see :mod:`dagster_batchllm.semantic.aggregate`."""
+        from ..semantic.aggregate import aggregate_frame
+
+        return await aggregate_frame(self, df, **kwargs)
+
     def estimate(self, df: Any, call: CallBase | None = None, /, task: str = "chat",
                  **call_fields: Any) -> InferenceEstimate:
         """A dry run of ``infer`` (or of ``embed`` / ``predict``: ``task="embed"`` /
