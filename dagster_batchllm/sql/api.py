@@ -22,6 +22,7 @@ from ..core.errors import InferenceConfigError
 from ..core.results import InferenceStats
 from ..core.settings import InferenceSettings
 from ..factories.context import read_context
+from . import aggregates
 from .dialects import translate
 from .duckdb_engine import DuckDBFunctions
 from .runtime import Runtime
@@ -121,6 +122,7 @@ def register_ai_functions(
                       scope=scope if scope is not None else seen.scope, owns_client=owned)
     engine_connection, engine = _engine_for(connection, runtime)
     engine.install()
+    aggregates.install(engine)  # ai_agg, ai_summarize_agg
     handle = AIFunctions(connection, engine, runtime)
     key = id(engine_connection)
     with _ENGINES_LOCK:
