@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Code that runs without Dagster and PySpark: the core, the simulator, the AI-function catalogue
 # and what Spark executors import.
 NO_FRAMEWORK_PACKAGES = ("core", "simulator", "ai_functions")
-SPARK_EXECUTOR_MODULES = ("spark.worker", "spark.job", "spark.budget", "spark.model_worker")
+SPARK_EXECUTOR_MODULES = ("spark.worker", "spark.job", "spark.budget", "spark.model_worker",
+                          "spark.aggregate_worker")
 
 
 @dataclass(frozen=True)

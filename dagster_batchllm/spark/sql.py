@@ -43,7 +43,7 @@ from ..ai_functions.calls import result_struct, return_type
 from ..ai_functions.catalogue import AI_QUERY, legacy_options
 from ..ai_functions.types import SQLType
 from ..core.errors import InferenceConfigError
-from . import documents, functions, worker
+from . import aggregates, documents, functions, worker
 from .builders import register_builder
 from .embeddings import EmbeddingQueries
 from .job import RESULT_FIELD, RESULT_STRUCT_DDL
@@ -97,6 +97,7 @@ def register_ai_functions(spark: Any, resource_or_settings: Any, *,
     register_builder(spark, "ai_query", builder)
     ai.sql_builder = builder  # Spark's registry holds only a py4j proxy of it
     ai.function_builders = functions.register(spark, ai, job)  # kept alive for the same reason
+    aggregates.register(spark, ai)  # ai_agg, ai_summarize_agg: grouped-aggregate UDFs
     documents.register_parse_document(spark)
     return ai.activate()
 

@@ -1,0 +1,74 @@
+"""The executor side of Spark's ``ai_agg`` and ``ai_summarize_agg``: one group, one answer.
+
+A grouped-aggregate pandas UDF hands each group's values to :func:`answer_group` as a Series;
+the group is reduced hierarchically (:mod:`dagster_batchllm.semantic.reduce`) through this
+worker process's cached client (:func:`.worker.client_for`: its pool, limits and ledger), so
+the answers are those DuckDB gets for the same rows and settings, and a rerun sends nothing.
+Imports neither dagster nor pyspark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from ..ai_functions.aggregates import AGGREGATES, group_failure, one_instruction
+from ..ai_functions.calls import sendable
+from ..core.client import run_sync
+from ..core.errors import InferenceConfigError
+from ..core.settings import InferenceSettings
+from ..semantic.reduce import GroupInput, reduce_groups, reduce_options
+from . import worker
+
+
+@dataclass(frozen=True)
+class AggregateJob:
+    """What an executor needs to answer a group: plain data, pickled with the UDF."""
+
+    function: str
+    settings: InferenceSettings
+    model: str | None
+    scope: str = ""
+    partition_key: str = ""
+    run_id: str | None = None
+
+
+def answer_group(job: AggregateJob, texts: pd.Series, instructions: pd.Series | None
+                 ) -> str | None:
+    """The group's answer (None for a group of no text); a failed group fails the task,
+    saying why, once its answered chunks are in the ledger."""
+    function = AGGREGATES[job.function]
+    if job.model is None:
+        raise InferenceConfigError(
+            f"{function.name}: no default model; set default_model in the settings (Spark's "
+            f"{function.name} takes no endpoint argument).")
+    given = sorted({i for i in instructions.tolist() if i is not None}, key=repr) \
+        if instructions is not None else []
+    instruction = one_instruction(function, given[0] if given else None,
+                                  given[-1] if given else None)
+    client = worker.client_for(job.settings)
+    options = reduce_options(client.settings, model=job.model, instructions=[instruction],
+                             scope=job.scope, partition_key=job.partition_key,
+                             run_id=job.run_id)
+    group = GroupInput(instruction, [str(t) for t in texts.tolist() if sendable(t)])
+    [(answer, error)], _figures = run_sync(reduce_groups(client, [group], options))
+    worker.count_batch(len(texts))
+    if error is not None:
+        raise group_failure(function, [error], 1)
+    return answer
+
+
+# Closures over plain data, with the type hints Spark reads to make them grouped aggregates.
+def agg_function(job: AggregateJob):
+    def ai_agg(expr: pd.Series, instruction: pd.Series) -> str:
+        return answer_group(job, expr, instruction)  # type: ignore[return-value]
+
+    return ai_agg
+
+
+def summarize_agg_function(job: AggregateJob):
+    def ai_summarize_agg(expr: pd.Series) -> str:
+        return answer_group(job, expr, None)  # type: ignore[return-value]
+
+    return ai_summarize_agg
