@@ -53,6 +53,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dagster_batchllm.managed.classical import embedder, patterns
+from dagster_batchllm.managed.classical.aggregates import aggregate_answer
 from dagster_batchllm.managed.classical.classifier import TextContext, choose_label
 from dagster_batchllm.managed.classical.errors import (
     RequestRefused,
@@ -140,6 +141,9 @@ class ClassicalResponder:
         if any(_IMAGE_MARKER.search(str(m.get("content") or "")) for m in messages
                if m.get("role", "user") == "user"):
             raise UnsupportedTask(IMAGE_REFUSAL)
+        aggregated = aggregate_answer(messages)  # a group's rows at once (ai_summarize_agg)
+        if aggregated is not None:
+            return aggregated
         request = parse(messages)
         schema = _schema_of((params or {}).get("response_format"))
         task = request.task
