@@ -19,13 +19,14 @@ from .shared import AssetJob, AssetOptions, asset_factory, build_asset
 
 @asset_factory()
 def build_call_asset(options: AssetOptions, *, call: CallBase, mode: str = "online",
-                     wait: bool = True) -> dg.AssetsDefinition:
+                     wait: bool = True, deadline: Any = None) -> dg.AssetsDefinition:
     """Build a software-defined asset that runs ``call`` (any job's call whose task is
     registered) over each row of an upstream table.
 
     The asset's table is the input with the call's ``output_column`` and ``error_column``;
     its code version is the call's, so a change of what is sent marks the asset unsynced.
-    ``mode`` and ``wait`` are as for :func:`~dagster_batchllm.build_inference_asset`.
+    ``mode``, ``wait`` and ``deadline`` are as for
+    :func:`~dagster_batchllm.build_inference_asset`.
 
     Example (a job of your own, see ``tests/core/test_a_new_job.py``)::
 
@@ -39,7 +40,7 @@ def build_call_asset(options: AssetOptions, *, call: CallBase, mode: str = "onli
                 f"call= must be a job's call object (a CallBase subclass), got "
                 f"{type(call).__name__}; for a chat prompt use build_inference_asset.")
         task_type_for(call)  # a call of no registered job says how to register one, now
-        return CallJob(call, mode=mode, wait=wait)
+        return CallJob(call, mode=mode, wait=wait, deadline=deadline)
 
     return build_asset("build_call_asset", options, job)
 

@@ -18,7 +18,7 @@ from .shared import AssetJob, AssetOptions, asset_factory, build_asset
 
 @asset_factory()
 def build_embedding_asset(options: AssetOptions, *, call: EmbedCall | None = None,
-                          mode: str = "online", wait: bool = True,
+                          mode: str = "online", wait: bool = True, deadline: Any = None,
                           **call_fields: Any) -> dg.AssetsDefinition:
     """Build a software-defined asset that embeds a text of each row of an upstream table.
 
@@ -27,7 +27,7 @@ def build_embedding_asset(options: AssetOptions, *, call: EmbedCall | None = Non
     ``model=``, ``output_column=``, ``dimensions=``, ``inputs_per_request=`` ...); the other
     keywords are every asset factory's (below). Each partition's materialization
     carries its rows' figures, what the run paid, ``batchllm/dimensions`` and the checks.
-    ``mode="batch_api"`` (and ``wait``) as for
+    ``mode="batch_api"`` (and ``wait``, ``deadline``) as for
     :func:`~dagster_batchllm.factories.inference.build_inference_asset`: one input per line of
     the provider's batch file, at its batch price.
 
@@ -41,7 +41,7 @@ def build_embedding_asset(options: AssetOptions, *, call: EmbedCall | None = Non
     """
     return build_asset("build_embedding_asset", options,
                        lambda: EmbeddingJob(EmbedCall.of(call, **call_fields), mode=mode,
-                                            wait=wait))
+                                            wait=wait, deadline=deadline))
 
 
 class EmbeddingJob(AssetJob):

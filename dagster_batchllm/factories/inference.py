@@ -18,6 +18,7 @@ def build_inference_asset(
     expand_fields: bool = True,
     mode: str = "online",
     wait: bool = True,
+    deadline: Any = None,
     **call_fields: Any,
 ) -> dg.AssetsDefinition:
     """Build a software-defined asset that runs batch inference over an upstream table.
@@ -50,6 +51,12 @@ def build_inference_asset(
     with ``batch_api=True``) at its batch price; with ``wait=False`` a run returns once the
     batches are submitted, its rows deferred, and ``build_batch_collect_sensor`` launches the
     partition again when its batches end (that run collects, submitting nothing).
+    ``deadline`` (with ``mode="batch_api"``) says by when each partition is answered: a
+    ``timedelta`` after the end of its time window (``timedelta(hours=9)``: 09:00 the day after
+    a daily partition; from the run's start without a time window), a ``datetime``, or a
+    function ``(partition_key) -> datetime | timedelta``; the rows the batches have not answered
+    in time go online (see :mod:`dagster_batchllm.factories.deadlines`), and each partition's
+    ``batchllm/deadline/...`` figures say what went which way, at what cost.
 
     Example::
 
@@ -73,7 +80,8 @@ def build_inference_asset(
 
     def job() -> InferenceJob:
         chat = InferenceCall.of(call, **call_fields)
-        return InferenceJob(chat, mode=mode, wait=wait, expand_fields=expand_fields)
+        return InferenceJob(chat, mode=mode, wait=wait, deadline=deadline,
+                            expand_fields=expand_fields)
 
     return build_asset("build_inference_asset", options, job)
 
@@ -85,8 +93,8 @@ class InferenceJob(AssetJob):
     call: InferenceCall
 
     def __init__(self, call: InferenceCall, *, mode: str, wait: bool,
-                 expand_fields: bool) -> None:
-        super().__init__(call, mode=mode, wait=wait)
+                 expand_fields: bool, deadline: Any = None) -> None:
+        super().__init__(call, mode=mode, wait=wait, deadline=deadline)
         self.schema_fields = _schema_fields(call.response_format) if expand_fields else []
 
     def send(self, llm: Any, frame: Any, **run: Any) -> Any:

@@ -10,7 +10,10 @@ The figures come in families, named apart so that nobody reads one for another:
 * ``batchllm/answers/...``: what the answers the table now holds cost when they were paid for,
   read from the ledger: the same after any number of reruns served from it. Per model they are
   also ``batchllm/<model>/prompt_tokens``, ``completion_tokens`` and ``cost_usd``, the series the
-  UI plots over time.
+  UI plots over time;
+* ``batchllm/deadline/...``: a run through a batch API with a deadline (``deadline=``): its
+  rows answered by batch and online, what it paid against the same tokens all online, when it
+  finished against the deadline, and the rows a batch answered after they went online.
 
 Cost needs the resource's ``prices``; a model without one gets ``batchllm/cost_note`` saying how
 to set it. ``batchllm/requests`` is ``batchllm/run/requests`` under its first name.
@@ -19,6 +22,7 @@ to set it. ``batchllm/requests`` is ``batchllm/run/requests`` under its first na
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -146,6 +150,45 @@ def batch_figures(stats: InferenceStats) -> dict[str, Any]:
         if stats.estimated_cost_usd is not None:
             metadata["batchllm/run/batch_saving_usd"] = round(
                 stats.online_cost_usd - stats.estimated_cost_usd, 6)
+    return metadata
+
+
+def deadline_figures(stats: InferenceStats) -> dict[str, Any]:
+    """For a batch-API run with a deadline (``stats.deadline``): ``rows_by_batch`` and
+    ``rows_online`` (this run's answers), ``cost_usd`` (what it paid, batch and online
+    prices mixed) against ``all_online_cost_usd`` and the ``saving_share``, the deadline
+    (``at``) against ``finished_at`` and ``status``: met, missed, or pending while rows wait
+    for batches and the deadline is ahead; when the rows went online (``switched_online_at``)
+    or will (``switch_planned_at``, with wait=False); the partition's ``duplicate_rows`` and
+    their ``duplicate_cost_usd`` (answered by a batch after they went online)."""
+    figures = stats.deadline
+    if not figures:
+        return {}
+    metadata: dict[str, Any] = {}
+    for name, key in (("deadline", "at"), ("finished_at", "finished_at"),
+                      ("switched_online_at", "switched_online_at"),
+                      ("switch_planned_at", "switch_planned_at")):
+        if figures.get(name) is not None:
+            metadata[f"batchllm/deadline/{key}"] = dg.MetadataValue.timestamp(
+                dt.datetime.fromisoformat(figures[name]))
+    met = bool(figures["met"])
+    pending = (not met and stats.deferred > 0
+               and figures["finished_at"] is not None and figures["deadline"] is not None
+               and figures["finished_at"] <= figures["deadline"])
+    metadata["batchllm/deadline/met"] = met
+    metadata["batchllm/deadline/status"] = "met" if met else "pending" if pending else "missed"
+    for name in ("rows_by_batch", "rows_online", "duplicate_rows"):
+        metadata[f"batchllm/deadline/{name}"] = int(figures[name])
+    metadata["batchllm/deadline/duplicate_cost_usd"] = round(figures["duplicate_cost_usd"], 6)
+    metadata["batchllm/deadline/online_requests_per_s"] = figures["online_requests_per_s"]
+    paid = stats.cost_usd if stats.cost_usd is not None else stats.estimated_cost_usd
+    if paid is not None:
+        metadata["batchllm/deadline/cost_usd"] = round(paid, 6)
+    if stats.online_cost_usd is not None:
+        metadata["batchllm/deadline/all_online_cost_usd"] = round(stats.online_cost_usd, 6)
+        if paid is not None and stats.online_cost_usd > 0:
+            metadata["batchllm/deadline/saving_share"] = round(
+                1.0 - paid / stats.online_cost_usd, 4)
     return metadata
 
 

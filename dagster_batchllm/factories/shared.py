@@ -38,10 +38,12 @@ from ..core.delivery.batch_api.mode import check_mode
 from ..core.errors import InferenceConfigError
 from ..core.ledger.stores import validate_identifier
 from .checks import EMPTY_PARTITION_POLICIES, inference_check_specs
+from .deadlines import check_deadline, describe_deadline, run_deadlines
 from .metadata import (
     answer_figures,
     batch_figures,
     column_schema,
+    deadline_figures,
     run_figures,
     summary_line,
     table_figures,
@@ -195,15 +197,19 @@ class AssetJob:
     call the ledger records: the code version is the call's, the figures are what the run
     paid and what the table's answers cost. ``mode`` and ``wait`` say how its requests go
     (online, or through a provider's batch API at its batch price): the job's :meth:`send`
-    passes them on, the metadata and prices follow them here.
+    passes them on, the metadata and prices follow them here. ``deadline`` (with
+    ``mode="batch_api"``): when each partition must be answered by (:mod:`.deadlines`); the
+    asset's run resolves it per partition and passes it to :meth:`send` as ``deadline=``.
     """
 
     #: The asset's kinds unless the user gives some.
     kinds: ClassVar[frozenset[str]] = frozenset({"batchllm", "pandas"})
 
-    def __init__(self, call: Any, *, mode: str = "online", wait: bool = True) -> None:
+    def __init__(self, call: Any, *, mode: str = "online", wait: bool = True,
+                 deadline: Any = None) -> None:
         check_mode(mode, wait)
-        self.call, self.mode, self.wait = call, mode, wait
+        check_deadline(deadline, mode)
+        self.call, self.mode, self.wait, self.deadline = call, mode, wait, deadline
 
     def send(self, llm: Any, frame: Any, **run: Any) -> Any:
         """The call over one partition's rows (``run``: context, partition_key, ...)."""
@@ -224,7 +230,9 @@ class AssetJob:
         """The asset's definition metadata."""
         return {"batchllm/output_column": self.call.output_column,
                 **({"batchllm/mode": self.mode, "batchllm/wait": self.wait}
-                   if self.mode != "online" else {})}
+                   if self.mode != "online" else {}),
+                **({"batchllm/deadline": describe_deadline(self.deadline)}
+                   if self.deadline is not None else {})}
 
     def deps(self) -> list[Any]:
         """Upstream assets besides the source (and the user's ``deps``)."""
@@ -257,6 +265,7 @@ class AssetJob:
 
         def figures(key, result, stats, rows_out):
             return {**run_figures(stats, price_for), **batch_figures(stats),
+                    **deadline_figures(stats),
                     **answer_figures(answers_of(result), price_for),
                     **self.own_figures(stats, rows_out)}
 
@@ -336,12 +345,13 @@ def _materialize(where: str, options: AssetOptions, job: AssetJob,
         if missing:
             raise dg.Failure(f"{where}: key_columns {missing} are not in the input table "
                              f"(columns: {list(source_table.columns)}); nothing was sent.")
+        deadline_of = run_deadlines(job.deadline, context, options.partitions_def, asset_key)
         # Each call covers its whole partition, so records of requests this partition no
         # longer asks for (its input changed) are retired and stop marking it for retry.
         results, table = call_per_partition(
             context, source_table, options.partition_column,
             lambda frame, key: job.send(llm, frame, context=context, partition_key=key,
-                                        supersede_stale=key is not None))
+                                        supersede_stale=key is not None, **deadline_of(key)))
         table = job.shape(table)
         if options.transform is not None:
             table = options.transform(table)

@@ -10,10 +10,20 @@ the answers and submits nothing, except lines a retry may fix (429, 5xx, an expi
 unanswered lines).
 So no Dagster run sits for the 24 h a batch may take. The run key names the batches, so the
 same ended batches launch one run, however many ticks see them.
+
+An asset with a ``deadline`` records, with ``wait=False``, when its partition's rows must go
+online (the batch book's switch time, see
+:mod:`dagster_batchllm.core.delivery.batch_api.deadline`). Once that time has come and the
+batches have not all ended, the sensor requests a run of the partition tagged
+``batchllm/deadline``: it cancels the unfinished batches, collects what they answered and
+sends the rest online. The run key names the switch time, so each recorded time launches one
+run; a run that finds the switch not yet due (the online endpoints measured faster) records a
+new time, and that one launches the next.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,9 +31,11 @@ import dagster as dg
 
 from ..core.delivery.batch_api.book import COLLECTED, ENDED, SUBMIT_FAILED, BatchBook
 from ..core.delivery.batch_api.collect import BatchCollector
+from ..core.delivery.batch_api.deadline import iso
 from ..core.delivery.batch_api.protocol import protocol_for
 from ..core.delivery.batch_api.waits import waiting_for_batches
 from ..core.ledger.table import Ledger
+from ..factories.deadlines import DEADLINE_TAG
 from .common import _missing_sqlite_file, watched_asset
 
 BATCH_COLLECT_TAG = "batchllm/collect"
@@ -40,7 +52,8 @@ def build_batch_collect_sensor(
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
     description: str | None = None,
 ) -> dg.SensorDefinition:
-    """A sensor that re-materializes the partitions whose batches ended.
+    """A sensor that re-materializes the partitions whose batches ended, or whose deadline's
+    switch time has come (an asset with ``deadline=``: the run sends the rest online).
 
     Args:
         asset: a partitioned inference asset built with ``mode="batch_api", wait=False``.
@@ -80,6 +93,7 @@ def build_batch_collect_sensor(
             protocols = {e.name: protocol_for(e) for e in settings.endpoints if e.batch_api}
             try:
                 book = BatchBook(ledger)
+                switch_times = book.switch_times(scope)
                 BatchCollector(book, protocols, log=context.log).refresh_blocking(
                     collect=False)
                 status = {}
@@ -92,13 +106,24 @@ def build_batch_collect_sensor(
                     protocol.close()
         finally:
             ledger.dispose()
-        requests, waiting = [], []
+        requests, waiting, now = [], [], time.time()
         for partition in sorted(waits):
             names = sorted(waits[partition])
             # A batch no longer unfinished in the book was collected (or never created).
             pending = [n for n in names if status.get(n, COLLECTED) not in _DONE]
+            switch_at = switch_times.get(partition)
+            if pending and switch_at is not None and now >= switch_at:
+                context.log.info(f"{scope} partition {partition}: the deadline's switch time "
+                                 f"{iso(switch_at)} has come; its run sends the rows the "
+                                 "batches have not answered online")
+                requests.append(dg.RunRequest(
+                    run_key=f"{partition}|deadline|{switch_at:.3f}", partition_key=partition,
+                    asset_selection=selection, tags={DEADLINE_TAG: "true"}))
+                continue
             if pending:
-                waiting.append(f"{partition} ({', '.join(f'{n} {status[n]}' for n in pending)})")
+                switch = f"; online at {iso(switch_at)}" if switch_at is not None else ""
+                waiting.append(f"{partition} ({', '.join(f'{n} {status[n]}' for n in pending)}"
+                               f"{switch})")
                 continue
             rows = sum(waits[partition].values())
             context.log.info(f"{scope} partition {partition}: batches {', '.join(names)} "
