@@ -10,6 +10,8 @@ for the factory or the call.
 """
 
 import dataclasses
+import datetime as dt
+import re
 import typing
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Annotated, Any, Literal, NamedTuple
@@ -152,6 +154,30 @@ BatchMode = Annotated[Literal["online", "batch_api"], dg.Resolver.default(
 BatchWait = Annotated[bool, dg.Resolver.default(
     description="With mode batch_api: poll until the batches are answered (true), or end the "
     "run once they are submitted, the rows deferred (false; see batch_collect).")]
+
+# A Component's `deadline` (the factories' deadline=, as a timedelta): days, hours, minutes
+# and seconds, each a whole number, in that order, each at most once.
+_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+Deadline = Annotated[str | None, dg.Resolver.default(
+    description="With mode batch_api: by when each partition is answered, as a duration after "
+    "the end of its time window (from the run's start without one): whole numbers with d, h, "
+    "m, s in that order, e.g. 9h (09:00 the day after a daily partition), 90m, 1d2h30m. The "
+    "rows the batches have not answered in time go online.")]
+
+
+def parse_duration(where: str, text: str | None) -> dt.timedelta | None:
+    """A ``deadline`` attribute (``9h``, ``90m``, ``1d2h30m``, ``45s``) as a timedelta."""
+    if text is None:
+        return None
+    found = _DURATION.fullmatch(str(text).strip().lower())
+    if not found or not any(found.groups()):
+        raise dg.DagsterInvalidDefinitionError(
+            f"{where}: deadline {text!r} is not a duration; write whole numbers with d, h, m, "
+            "s in that order, e.g. deadline: 9h (09:00 the day after a daily partition), "
+            "90m or 1d2h30m.")
+    days, hours, minutes, seconds = (int(g or 0) for g in found.groups())
+    return dt.timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+
 
 # A Component's `external_source` attribute (every Component has it).
 ExternalSource = Annotated[bool, dg.Resolver.default(

@@ -17,10 +17,12 @@ from ..factories.embedding import build_embedding_asset
 from .attributes import (
     BatchMode,
     BatchWait,
+    Deadline,
     ExternalSource,
     call_field_attributes,
     external_source_specs,
     factory_option_attributes,
+    parse_duration,
     values,
     with_attributes,
 )
@@ -39,7 +41,7 @@ class BatchEmbeddingComponent(dg.Component, dg.Resolvable):
     The attributes are those of :func:`~dagster_batchllm.build_embedding_asset`: the call's
     (``input`` or ``input_column``, ``model``, ``output_column``, ``dimensions``,
     ``inputs_per_request``, ...), the factory's own (partitions, checks, keys), Dagster's
-    ``asset_attributes``, ``mode``/``wait`` and ``resource``, as for
+    ``asset_attributes``, ``mode``/``wait``/``deadline`` and ``resource``, as for
     :class:`~.inference.BatchInferenceComponent`.
 
     Example ``defs.yaml``::
@@ -61,14 +63,17 @@ class BatchEmbeddingComponent(dg.Component, dg.Resolvable):
     resource: ResolvedResource = None
     mode: BatchMode = "online"
     wait: BatchWait = True
+    deadline: Deadline = None
 
     def call_attributes(self) -> dict[str, Any]:
         """The call's attributes, by EmbedCall's field names."""
         return values(self, CALL_ATTRIBUTES)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        asset = build_embedding_asset(**values(self, FACTORY_ATTRIBUTES), mode=self.mode,
-                                      wait=self.wait, **self.call_attributes())
+        asset = build_embedding_asset(
+            **values(self, FACTORY_ATTRIBUTES), mode=self.mode, wait=self.wait,
+            deadline=parse_duration(f"BatchEmbeddingComponent '{self.name}'", self.deadline),
+            **self.call_attributes())
         resources = {} if self.resource is None else {self.resource_key: self.resource}
         return dg.Definitions(assets=[*external_source_specs(self), asset],
                               resources=resources)

@@ -21,10 +21,12 @@ from ..sensors.retry_partitions import build_retry_partitions_sensor
 from .attributes import (
     BatchMode,
     BatchWait,
+    Deadline,
     ExternalSource,
     call_field_attributes,
     external_source_specs,
     factory_option_attributes,
+    parse_duration,
     values,
     with_attributes,
 )
@@ -146,9 +148,11 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
         "deferred rows.")] = None
     mode: BatchMode = "online"
     wait: BatchWait = True
+    deadline: Deadline = None
     batch_collect: Annotated[BatchCollectSensorArgs | None, dg.Resolver.default(
         description="Also build a sensor that re-materializes a partition when the batches its "
-        "rows wait for end (mode batch_api, wait false).")] = None
+        "rows wait for end (mode batch_api, wait false), or when its deadline's switch time "
+        "has come.")] = None
 
     def call_attributes(self) -> dict[str, Any]:
         """The call's attributes, by InferenceCall's field names."""
@@ -157,7 +161,9 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         asset = build_inference_asset(
             **values(self, FACTORY_ATTRIBUTES), expand_fields=self.expand_fields,
-            mode=self.mode, wait=self.wait, **self.call_attributes())
+            mode=self.mode, wait=self.wait,
+            deadline=parse_duration(f"BatchInferenceComponent '{self.name}'", self.deadline),
+            **self.call_attributes())
         sensors = [] if self.retry_partitions is None else [self._retry_sensor(asset)]
         if self.batch_collect is not None:
             if self.resource is None:
