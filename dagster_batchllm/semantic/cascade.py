@@ -44,7 +44,8 @@ MARGIN_Z = 1.645  # see with_margin
 
 @dataclasses.dataclass(frozen=True)
 class CascadeReport:
-    """What one cascade chose and measured (``as_metadata()`` for Dagster metadata)."""
+    """What one cascade chose and measured (``as_metadata()`` for Dagster metadata: put it in
+    an asset's ``MaterializeResult(metadata=...)`` or ``context.add_output_metadata``)."""
 
     proxy: str
     oracle: str
@@ -76,11 +77,18 @@ class CascadeReport:
             return None
         return self.cost_usd / self.oracle_only_cost_usd
 
-    def as_metadata(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data.update(oracle_share=round(self.oracle_share, 6), cost_usd=self.cost_usd,
                     cost_ratio=None if self.cost_ratio is None else round(self.cost_ratio, 6))
         return data
+
+    def as_metadata(self, prefix: str = "cascade/") -> dict[str, Any]:
+        """Flat ``{"cascade/<figure>": value}`` for Dagster materialization metadata (the
+        thresholds by name, figures that are None left out)."""
+        data = self.as_dict()
+        data.update(data.pop("thresholds"))
+        return {prefix + key: value for key, value in data.items() if value is not None}
 
 
 @dataclasses.dataclass

@@ -172,7 +172,7 @@ def _constant(function: str, name: str, expression: Any) -> Any:
 def _field_value(value: Any, data_type: Any) -> Any:
     if isinstance(value, bool | int | float | str):
         return value
-    if data_type.typeName() == "decimal":
+    if data_type.typeName().startswith("decimal"):  # "decimal(2,1)": 0.9 as SQL writes it
         return float(str(value.toString()))
     return str(value.toString())
 
