@@ -55,7 +55,8 @@ class AggregateResult:
 
 
 async def aggregate_frame(client: Any, df: Any, *, instruction: str, column: str,
-                          by: str | Sequence[str] = (), model: str | None = None,
+                          by: str | Sequence[str] = (), order_by: str | Sequence[str] = (),
+                          model: str | None = None,
                           output_column: str = "answer", error_column: str | None = None,
                           max_tokens: int | None = None, temperature: float | None = None,
                           context_tokens: int | None = None, cells_as_text: bool = False,
@@ -65,12 +66,21 @@ async def aggregate_frame(client: Any, df: Any, *, instruction: str, column: str
     """One answer per group of ``df``'s rows (see the module's docstring).
 
     ``instruction``: what to answer about each group's texts; ``column``: the text column;
-    ``by``: the grouping column(s); ``model``: a chat model (default: the settings' default);
+    ``by``: the grouping column(s); ``order_by``: column(s) that order each group's rows (a
+    timestamp: rows appended later then change only the last chunks; by default the rows are
+    ordered by content, whatever order they come in); ``model``: a chat model (default: the
+    settings' default);
     ``max_tokens``: of each reply, partial answers included; ``context_tokens``: the model's
     context (default: the smallest ``max_context_tokens`` of the endpoints serving it, else
     8,192); ``token_budget`` / ``budget_usd``: for all levels together; ``cells_as_text``:
     numbers and timestamps read as text (else such a cell fails its group)."""
     by_columns = _checked_frame(df, column, by, output_column)
+    order_columns = [order_by] if isinstance(order_by, str) else list(order_by or ())
+    missing = [c for c in order_columns if c not in df.columns]
+    if missing:
+        raise InferenceConfigError(
+            f"aggregate: order_by column(s) {missing} are not in the input table; available "
+            f"columns: {list(df.columns)[:50]}.")
     error_column = error_column or f"{output_column}_error"
     validate_identifier(error_column, "error column")
     if error_column in by_columns or error_column == output_column:
@@ -85,7 +95,11 @@ async def aggregate_frame(client: Any, df: Any, *, instruction: str, column: str
         instructions=[instruction], temperature=temperature, token_budget=token_budget,
         budget_usd=budget_usd, scope=scope or "", partition_key=partition_key or "",
         run_id=run_id, logger=logger)
-    keys, groups = _groups(df, column, by_columns, instruction, cells_as_text)
+    if order_columns:  # ties broken by the text, so the order never depends on arrival
+        df = df.assign(__batchllm_order_text=df[column].astype(str)).sort_values(
+            [*order_columns, "__batchllm_order_text"], kind="mergesort", na_position="last")
+    keys, groups = _groups(df, column, by_columns, instruction, cells_as_text,
+                           ordered=bool(order_columns))
     outcomes, figures = await reduce_groups(client, groups, options)
     out = pd.DataFrame(keys, columns=by_columns) if by_columns else pd.DataFrame(index=[0])
     out[output_column] = pd.Series([a for a, _ in outcomes], index=out.index, dtype=object)
@@ -118,19 +132,20 @@ def _checked_frame(df: Any, column: str, by: str | Sequence[str], output_column:
 
 
 def _groups(df: pd.DataFrame, column: str, by_columns: list[str], instruction: str,
-            cells_as_text: bool) -> tuple[list[tuple], list[GroupInput]]:
-    """The group keys (sorted; NULL keys a group of their own) and each group's texts."""
+            cells_as_text: bool, ordered: bool) -> tuple[list[tuple], list[GroupInput]]:
+    """The group keys (sorted; NULL keys a group of their own) and each group's texts, in
+    ``df``'s order where ``ordered``."""
     if not by_columns:
-        return [()], [_group_input(df[column], column, instruction, cells_as_text)]
+        return [()], [_group_input(df[column], column, instruction, cells_as_text, ordered)]
     keys, groups = [], []
     for key, part in df.groupby(by_columns, sort=True, dropna=False, observed=True)[column]:
         keys.append(key if isinstance(key, tuple) else (key,))
-        groups.append(_group_input(part, column, instruction, cells_as_text))
+        groups.append(_group_input(part, column, instruction, cells_as_text, ordered))
     return keys, groups
 
 
-def _group_input(cells: pd.Series, column: str, instruction: str, cells_as_text: bool
-                 ) -> GroupInput:
+def _group_input(cells: pd.Series, column: str, instruction: str, cells_as_text: bool,
+                 ordered: bool) -> GroupInput:
     texts: list[str] = []
     for label, value in cells.items():
         if _left_out(value):
@@ -140,7 +155,7 @@ def _group_input(cells: pd.Series, column: str, instruction: str, cells_as_text:
         except RowError as exc:  # the group cannot be answered as asked: say which row
             return GroupInput(instruction, [], error=type(exc)(
                 f"row {label!r}: {exc.message}").as_cell())
-    return GroupInput(instruction, texts)
+    return GroupInput(instruction, texts, ordered=ordered)
 
 
 def _left_out(value: Any) -> bool:

@@ -11,8 +11,13 @@ chunks. So:
   falls below ``cost / target`` (its share of a chunk's target size): the decision depends on
   that item alone, so a new row changes only the chunk it lands in (and, rarely, splits it),
   whatever else the group holds. Chunks come out about ``target`` characters long on average.
+* **Or in the caller's order.** Rows given an order (``llm.aggregate(order_by=...)``, a
+  timestamp say) keep it, and so do their partial answers: rows appended at the end then
+  change only the last chunks of each level.
 * **Never past the room.** A content-defined chunk larger than the room is cut greedily
   inside itself (a change there stays inside it too).
+* **One request when all fits.** Items that fit one request together are one chunk (the
+  last level), not cut at a boundary that would cost a level more.
 * **Always progress.** Where every item would be its own chunk (few, large items: a level of
   partial answers), they are packed greedily instead, so each level has fewer items than the
   one before and the reduction ends.
@@ -54,13 +59,17 @@ def content_order(texts: Sequence[str]) -> list[str]:
     return sorted(texts, key=_order_key)
 
 
-def cut_chunks(texts: Sequence[str], room_chars: int) -> list[list[str]]:
-    """``texts`` in content order, cut into chunks of at most ``room_chars`` characters of
-    item lines each. Every item must fit alone (the caller checks: one that does not is that
-    group's error, never cut)."""
-    ordered = content_order(texts)
+def cut_chunks(texts: Sequence[str], room_chars: int, *, in_given_order: bool = False
+               ) -> list[list[str]]:
+    """``texts`` in content order (``in_given_order``: as given, for rows the caller ordered
+    itself), cut into chunks of at most ``room_chars`` characters of item lines each. Every
+    item must fit alone (the caller checks: one that does not is that group's error, never
+    cut)."""
+    ordered = list(texts) if in_given_order else content_order(texts)
     if not ordered:
         return []
+    if sum(item_cost(t) for t in ordered) <= room_chars:  # all in one request: the last level
+        return [ordered]
     target = max(1.0, room_chars * TARGET_SHARE)
     spans: list[list[str]] = []
     for text in ordered:

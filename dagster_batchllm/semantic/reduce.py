@@ -55,6 +55,8 @@ class GroupInput:
     instruction: str
     texts: list[str]
     error: str | None = None
+    #: The texts are in an order of the caller's (kept, partial answers too), not to be sorted.
+    ordered: bool = False
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,7 @@ def _context(settings: Any, model: str, context_tokens: Any) -> int:
 class _Group:
     instruction: str
     items: list[str]
+    ordered: bool = False
     answer: str | None = None
     error: str | None = None
     done: bool = False
@@ -178,7 +181,7 @@ async def reduce_groups(client: Any, groups: Sequence[GroupInput], options: Redu
                         ) -> tuple[list[tuple[str | None, str | None]], ReduceFigures]:
     """Each group's (answer, error) in order, and the figures. A group without texts is
     (None, None): an aggregate over no rows is NULL."""
-    state = [_Group(g.instruction, list(g.texts), error=g.error,
+    state = [_Group(g.instruction, list(g.texts), g.ordered, error=g.error,
                     done=g.error is not None or not g.texts) for g in groups]
     for group in state:
         if not group.done:
@@ -195,7 +198,8 @@ async def reduce_groups(client: Any, groups: Sequence[GroupInput], options: Redu
                 continue
             system = system_message(group.instruction, kind)
             asked.setdefault(system, []).extend(
-                (group, chunk) for chunk in cut_chunks(group.items, room))
+                (group, chunk) for chunk in cut_chunks(group.items, room,
+                                                       in_given_order=group.ordered))
         if not asked:
             break
         batches = [(system, [user_message(kind, c) for _, c in chunks])

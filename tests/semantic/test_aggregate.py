@@ -153,3 +153,23 @@ def test_the_resource_aggregates_through_the_same_client(agg_sim, make_llm_resou
     assert result.df["answer"].tolist() == [answer_text(1, rows_digest(["wobbly"])),
                                            answer_text(1, rows_digest(["broken"]))]
     assert result.stats.requests == 2
+
+
+def test_rows_ordered_by_a_column_change_only_the_last_chunks_when_rows_are_appended(
+        agg_sim, client):
+    texts = complaints(400)
+    df = pd.DataFrame({"ticket_id": range(400), "body": texts})
+    first = client.aggregate(df.sample(frac=1, random_state=5), instruction=INSTRUCTION,
+                             column="body", order_by="ticket_id", max_tokens=32)
+    grown = pd.concat([df, pd.DataFrame({"ticket_id": range(400, 403),
+                                         "body": complaints(3, seed=99, start=400)})])
+
+    result = client.aggregate(grown, instruction=INSTRUCTION, column="body",
+                              order_by="ticket_id", max_tokens=32)
+
+    assert result.df["answer"].tolist() == [answer_text(403, rows_digest(grown["body"]))]
+    # Only the tail changes: the last level-1 chunk (or a new one after it), then at most one
+    # request a level above it.
+    assert result.figures.sent_per_level[0] <= 2
+    assert all(sent <= 1 for sent in result.figures.sent_per_level[1:])
+    assert first.figures.requests_sent > 5 * result.figures.requests_sent
