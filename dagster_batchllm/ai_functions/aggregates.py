@@ -6,8 +6,8 @@ are reduced hierarchically by :mod:`dagster_batchllm.semantic.reduce` through th
 as every other function (pool, ledger), so a rerun sends nothing and a grown group re-sends
 only its changed chunks. NULL and blank values are left out, as SQL aggregates leave out
 NULL; a group of none is NULL. Each also takes an optional ``endpoint`` (the model) after its
-arguments where the engine allows (DuckDB, SQLite); without one, the default model. Every
-request asks for the settings' ``default_max_tokens`` of reply.
+arguments, by position on every engine; without one, the default model. Every request asks for
+the settings' ``default_max_tokens`` of reply.
 
 A group that cannot be answered (a row too long for one request, a failed request) fails the
 query, as the other AI functions' failed requests do, with the reason; answered chunks stay in

@@ -9,7 +9,8 @@ Imports neither dagster nor pyspark.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -32,23 +33,26 @@ class AggregateJob:
     scope: str = ""
     partition_key: str = ""
     run_id: str | None = None
+    #: Endpoint names that stand for the one model they serve (as ai_query's endpoint).
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
 
-def answer_group(job: AggregateJob, texts: pd.Series, instructions: pd.Series | None
-                 ) -> str | None:
+def answer_group(job: AggregateJob, texts: pd.Series, instructions: pd.Series,
+                 endpoints: pd.Series) -> str | None:
     """The group's answer (None for a group of no text); a failed group fails the task,
-    saying why, once its answered chunks are in the ledger."""
+    saying why, once its answered chunks are in the ledger. ``endpoints``: the constant
+    endpoint argument (NULL: the default model)."""
     function = AGGREGATES[job.function]
-    if job.model is None:
+    given = sorted({i for i in instructions.tolist() if isinstance(i, str)}) or [None]
+    instruction = one_instruction(function, given[0], given[-1])
+    named = next((e for e in endpoints.tolist() if isinstance(e, str)), None)
+    model = job.aliases.get(named, named) if named is not None else job.model
+    if model is None:
         raise InferenceConfigError(
-            f"{function.name}: no default model; set default_model in the settings (Spark's "
-            f"{function.name} takes no endpoint argument).")
-    given = sorted({i for i in instructions.tolist() if i is not None}, key=repr) \
-        if instructions is not None else []
-    instruction = one_instruction(function, given[0] if given else None,
-                                  given[-1] if given else None)
+            f"{function.name}: no default model; pass the argument 'endpoint' or set "
+            "default_model in the settings.")
     client = worker.client_for(job.settings)
-    options = reduce_options(client.settings, model=job.model, instructions=[instruction],
+    options = reduce_options(client.settings, model=model, instructions=[instruction],
                              scope=job.scope, partition_key=job.partition_key,
                              run_id=job.run_id)
     group = GroupInput(instruction, [str(t) for t in texts.tolist() if sendable(t)])
@@ -59,16 +63,12 @@ def answer_group(job: AggregateJob, texts: pd.Series, instructions: pd.Series | 
     return answer
 
 
-# Closures over plain data, with the type hints Spark reads to make them grouped aggregates.
-def agg_function(job: AggregateJob):
-    def ai_agg(expr: pd.Series, instruction: pd.Series) -> str:
-        return answer_group(job, expr, instruction)  # type: ignore[return-value]
+def aggregate_function(job: AggregateJob):
+    """The UDF body (a closure over plain data), with the type hints Spark reads to make it a
+    grouped aggregate: the group's texts, instructions and endpoints (NULL where not given)."""
 
-    return ai_agg
+    def aggregate(expr: pd.Series, instruction: pd.Series, endpoint: pd.Series) -> str:
+        return answer_group(job, expr, instruction, endpoint)  # type: ignore[return-value]
 
-
-def summarize_agg_function(job: AggregateJob):
-    def ai_summarize_agg(expr: pd.Series) -> str:
-        return answer_group(job, expr, None)  # type: ignore[return-value]
-
-    return ai_summarize_agg
+    aggregate.__name__ = job.function
+    return aggregate

@@ -97,7 +97,7 @@ def register_ai_functions(spark: Any, resource_or_settings: Any, *,
     register_builder(spark, "ai_query", builder)
     ai.sql_builder = builder  # Spark's registry holds only a py4j proxy of it
     ai.function_builders = functions.register(spark, ai, job)  # kept alive for the same reason
-    aggregates.register(spark, ai)  # ai_agg, ai_summarize_agg: grouped-aggregate UDFs
+    ai.function_builders.update(aggregates.register(spark, ai))  # ai_agg, ai_summarize_agg
     documents.register_parse_document(spark)
     return ai.activate()
 

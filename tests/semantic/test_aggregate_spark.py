@@ -22,7 +22,8 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 QUERY = """SELECT product, ai_agg(body, 'What do they complain about?') AS verdict,
-                  ai_summarize_agg(body) AS summary
+                  ai_summarize_agg(body) AS summary,
+                  ai_agg(body, 'What do they want?', 'sim-model') AS wish
            FROM tickets GROUP BY product ORDER BY product"""
 
 
@@ -74,3 +75,8 @@ def test_the_same_sql_gives_the_same_answers_on_duckdb_and_spark(agg_sim, spark,
     assert agg_sim.stats(log=False)["requests"] == 2 * sent_by_duckdb  # the same requests
     pd.testing.assert_frame_equal(spark.sql(QUERY).toPandas(), on_duckdb)
     assert agg_sim.stats(log=False)["requests"] == 2 * sent_by_duckdb  # rerun: from the ledger
+    for mistake, says in (("ai_agg(body)", "takes 2 to 3 arguments"),
+                          ("ai_summarize_agg(body, 'gpt-9')", "no configured endpoint serves")):
+        with pytest.raises(Exception, match=says):  # while Spark analyses it: no task runs
+            spark.sql(f"SELECT {mistake} FROM tickets").collect()
+    assert agg_sim.stats(log=False)["requests"] == 2 * sent_by_duckdb
