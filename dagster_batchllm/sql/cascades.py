@@ -14,8 +14,10 @@ time. ``execute()`` therefore runs a statement that mentions ``cascade`` twice, 
    cascade calls answered from memory. A cascade fed by another cascade's answers takes one
    more collect pass (up to ``_MAX_PASSES``).
 
-A cascade called outside ``execute()`` (``con.sql(...)``) would see one vector at a time: it
-raises :class:`InferenceConfigError` before sending, saying to use ``execute()``. Inside a
+Which statements: those whose text has the word ``cascade`` (a column of that name too: such
+a statement just runs one collecting pass more, its other AI calls then answered from the
+ledger). A cascade called outside ``execute()`` (``con.sql(...)``) would see one vector at a
+time: it raises :class:`InferenceConfigError` before sending, saying to use ``execute()``. Inside a
 transaction of the caller's own, the collect pass cannot roll back: it runs in that transaction
 (a SELECT is unaffected; an INSERT ... SELECT would insert its collect pass's rows too, so
 such a statement raises, saying to commit first).
