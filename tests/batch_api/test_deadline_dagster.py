@@ -75,23 +75,27 @@ def figures_of(instance, key: str, partition: str) -> dict:
 def test_a_daily_partition_answered_by_its_deadline_shows_batch_and_online_in_its_metadata(
         quick, make_client, store_url, instance):
     calibrate(make_client, quick)
-    # Lines answered at an even pace over 60 s: by the switch (about 6 s in) a few of them.
+    # Lines answered at an even pace over 60 s: by the switch (about 8 s in) a few of them.
     quick.configure(batch_in_progress_s=60.0)
     days = dg.DailyPartitionsDefinition(start_date="2026-01-01")
     yesterday = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)).date().isoformat()
     window_end = days.time_window_for_partition_key(yesterday).end
-    deadline = time.time() + MARGIN_S + 6
-    # The deadline as the time after the end of the day's window (e.g. timedelta(hours=9)).
-    after = dt.datetime.fromtimestamp(deadline, dt.timezone.utc) - window_end
+    set_at = []
+
+    def soon(partition_key: str) -> dt.timedelta:
+        """The time after the end of the day's window (as timedelta(hours=9) is) that falls
+        8 s past the switch, from when the run asks (a slow start takes none of it)."""
+        set_at.append(time.time() + MARGIN_S + 8)
+        return dt.datetime.fromtimestamp(set_at[-1], dt.timezone.utc) - window_end
+
     calls = source_for(days)
     summaries = build_inference_asset(
         name="summaries", source=calls, prompt=PROMPT, model=MODEL, output_column="summary",
-        partitions_def=days, mode="batch_api", wait=True, deadline=after)
-    assert "after the end of each partition's time window" in (
-        summaries.metadata_by_key[summaries.key]["batchllm/deadline"])
+        partitions_def=days, mode="batch_api", wait=True, deadline=soon)
 
     result = dg.materialize([calls, summaries], partition_key=yesterday, instance=instance,
                             resources={"llm": resource_for(quick, store_url)})
+    (deadline,) = set_at
     assert result.success and time.time() <= deadline
 
     got = figures_of(instance, "summaries", yesterday)
@@ -119,11 +123,11 @@ def test_the_sensor_launches_the_switch_run_when_the_recorded_switch_time_comes(
     held.configure(batch_cancelling_s=0.0)  # a batch stalled for good: it never answers
     parts = dg.StaticPartitionsDefinition(["p1", "p2"])
     calls = source_for(parts)
-    # No time window: from the run's start; the switch comes about 3 s after the first run.
+    # No time window: from the run's start; the switch comes about 8 s after it.
     summaries = build_inference_asset(
         name="summaries", source=calls, prompt=PROMPT, model=MODEL, output_column="summary",
         partitions_def=parts, mode="batch_api", wait=False,
-        deadline=dt.timedelta(seconds=MARGIN_S + WAKE_S + 3))
+        deadline=dt.timedelta(seconds=MARGIN_S + WAKE_S + 8))
     llm = resource_for(held, store_url)
     assert dg.materialize([calls, summaries], partition_key="p1", instance=instance,
                           resources={"llm": llm}).success
@@ -156,6 +160,62 @@ def test_the_sensor_launches_the_switch_run_when_the_recorded_switch_time_comes(
     after = sensor(dg.build_sensor_context(instance=instance))
     assert not after.run_requests
     assert "No partition of summaries waits for a batch" in after.skip_reason.skip_message
+
+
+def test_a_switch_run_that_finds_the_switch_not_due_records_a_new_time_and_waits_on(
+        held, make_client, store_url, instance):
+    calibrate(make_client, held)
+    parts = dg.StaticPartitionsDefinition(["p1"])
+    calls = source_for(parts)
+    summaries = build_inference_asset(
+        name="summaries", source=calls, prompt=PROMPT, model=MODEL, output_column="summary",
+        partitions_def=parts, mode="batch_api", wait=False, deadline=dt.timedelta(hours=1))
+    llm = resource_for(held, store_url)
+    assert dg.materialize([calls, summaries], partition_key="p1", instance=instance,
+                          resources={"llm": llm}).success
+    book = book_of(make_client(held))
+    # An earlier estimate (the endpoints measured slower then): its time has come.
+    earlier = time.time() - 1
+    book.set_switch_at("summaries", "p1", earlier)
+    sensor = build_batch_collect_sensor(summaries, resource=llm)
+    (request,) = sensor(dg.build_sensor_context(instance=instance)).run_requests
+    assert request.run_key == f"p1|deadline|{earlier:.3f}"
+
+    assert dg.materialize([calls, summaries], partition_key="p1", instance=instance,
+                          resources={"llm": llm}, tags=request.tags).success
+    got = figures_of(instance, "summaries", "p1")
+    assert got["batchllm/rows_deferred"] == ROWS and got["batchllm/deadline/status"] == "pending"
+    assert held.stats(log=False)["requests"] == 0  # nothing went online
+    later = book.switch_times("summaries")["p1"]
+    assert later > time.time() + 3000  # about an hour less the online need and margins
+    waiting = sensor(dg.build_sensor_context(instance=instance))
+    assert not waiting.run_requests and "online at" in waiting.skip_reason.skip_message
+
+
+def test_the_time_dimension_of_multi_partitions_sets_the_deadline_of_a_function(
+        quick, store_url, instance):
+    days = dg.DailyPartitionsDefinition(start_date="2026-01-01")
+    multi = dg.MultiPartitionsDefinition({"day": days,
+                                          "region": dg.StaticPartitionsDefinition(["eu"])})
+    yesterday = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)).date().isoformat()
+    key = dg.MultiPartitionKey({"day": yesterday, "region": "eu"})
+    asked = []
+
+    def by_region(partition_key: str) -> dt.timedelta:
+        asked.append(partition_key)
+        return dt.timedelta(days=2)
+
+    calls = source_for(multi)
+    summaries = build_inference_asset(
+        name="summaries", source=calls, prompt=PROMPT, model=MODEL, output_column="summary",
+        partitions_def=multi, mode="batch_api", deadline=by_region)
+    assert dg.materialize([calls, summaries], partition_key=key, instance=instance,
+                          resources={"llm": resource_for(quick, store_url)}).success
+    got = figures_of(instance, "summaries", key)
+    end = days.time_window_for_partition_key(yesterday).end
+    assert asked == [key] and got["batchllm/deadline/at"] == (end + dt.timedelta(days=2)
+                                                             ).timestamp()
+    assert got["batchllm/deadline/rows_by_batch"] == ROWS and got["batchllm/deadline/met"]
 
 
 def test_a_deadline_without_batch_mode_or_of_the_wrong_kind_is_refused_at_definition():
