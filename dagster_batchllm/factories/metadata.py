@@ -171,12 +171,8 @@ def deadline_figures(stats: InferenceStats) -> dict[str, Any]:
         if figures.get(name) is not None:
             metadata[f"batchllm/deadline/{key}"] = dg.MetadataValue.timestamp(
                 dt.datetime.fromisoformat(figures[name]))
-    met = bool(figures["met"])
-    pending = (not met and stats.deferred > 0
-               and figures["finished_at"] is not None and figures["deadline"] is not None
-               and figures["finished_at"] <= figures["deadline"])
-    metadata["batchllm/deadline/met"] = met
-    metadata["batchllm/deadline/status"] = "met" if met else "pending" if pending else "missed"
+    metadata["batchllm/deadline/met"] = bool(figures["met"])
+    metadata["batchllm/deadline/status"] = figures["status"]  # met, pending or missed
     for name in ("rows_by_batch", "rows_online", "duplicate_rows"):
         metadata[f"batchllm/deadline/{name}"] = int(figures[name])
     metadata["batchllm/deadline/duplicate_cost_usd"] = round(figures["duplicate_cost_usd"], 6)

@@ -151,6 +151,7 @@ def test_with_wait_false_the_switch_time_is_recorded_and_a_run_then_sends_the_re
     deadline = time.time() + 200  # the switch: about 200 - 10 - 90 (WAKE_S) s from now
     first = infer(client, frame(ROWS), wait=False, deadline=deadline, partition_key="p1")
     assert first.stats.deferred == ROWS and online_requests(held) == 0
+    assert first.stats.deadline["status"] == "pending" and not first.stats.deadline["met"]
     switch = book_of(client).switch_times("")
     assert set(switch) == {"p1"} and deadline - 105 < switch["p1"] < deadline - 99
 
@@ -160,6 +161,7 @@ def test_with_wait_false_the_switch_time_is_recorded_and_a_run_then_sends_the_re
     late = infer(client, frame(ROWS), wait=False, deadline=time.time() + 60,
                  partition_key="p1")
     assert late.stats.succeeded == ROWS and online_requests(held) == ROWS
+    assert late.stats.deadline["status"] == "met"
     assert book_of(client).switch_times("") == {}  # the partition waits for nothing
 
 

@@ -201,10 +201,16 @@ class DeadlineKeeper:
         self.book.set_switch_at(self.scope, self.partition_key, self.switch_planned)
 
     def figures(self, *, finished_at: float, unanswered: int) -> dict[str, Any]:
+        """``status``: "met" (every row answered by the deadline), "pending" (rows still
+        wait for batches and the deadline is ahead: a ``wait=False`` call) or "missed"."""
+        met = finished_at <= self.deadline and unanswered == 0
+        pending = (not met and finished_at <= self.deadline and self.switched_at is None
+                   and self.switch_planned is not None)
         return {
             "deadline": iso(self.deadline),
             "finished_at": iso(finished_at),
-            "met": finished_at <= self.deadline and unanswered == 0,
+            "met": met,
+            "status": "met" if met else "pending" if pending else "missed",
             "switched_online_at": iso(self.switched_at),
             "switch_planned_at": iso(self.switch_planned),
             "rows_by_batch": self.batch_rows,
