@@ -61,6 +61,7 @@ def test_duckdb_groups_are_answered_together_and_match_llm_aggregate(agg_sim, cl
     assert direct.df["answer"].tolist() == [summary for _, _, summary in rows]
     assert direct.figures.requests_sent == 0
     assert con.sql(QUERY).fetchall() == rows
+    assert execute(con, QUERY, dialect="databricks").fetchall() == rows  # sqlglot knows them
     assert agg_sim.stats(log=False)["requests"] == sent
 
 
