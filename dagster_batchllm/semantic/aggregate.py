@@ -62,7 +62,7 @@ async def aggregate_frame(client: Any, df: Any, *, instruction: str, column: str
                           context_tokens: int | None = None, cells_as_text: bool = False,
                           token_budget: int | None = None, budget_usd: float | None = None,
                           scope: str = "", partition_key: str = "", run_id: str | None = None,
-                          logger: Any = None) -> AggregateResult:
+                          logger: Any = None, mode: str = "online") -> AggregateResult:
     """One answer per group of ``df``'s rows (see the module's docstring).
 
     ``instruction``: what to answer about each group's texts; ``column``: the text column;
@@ -73,7 +73,9 @@ async def aggregate_frame(client: Any, df: Any, *, instruction: str, column: str
     ``max_tokens``: of each reply, partial answers included; ``context_tokens``: the model's
     context (default: the smallest ``max_context_tokens`` of the endpoints serving it, else
     8,192); ``token_budget`` / ``budget_usd``: for all levels together; ``cells_as_text``:
-    numbers and timestamps read as text (else such a cell fails its group)."""
+    numbers and timestamps read as text (else such a cell fails its group); ``mode=
+    "batch_api"``: each level one batch of a provider's offline batch API (an endpoint with
+    ``batch_api=True``), waited for, at the batch price."""
     by_columns = _checked_frame(df, column, by, output_column)
     order_columns = [order_by] if isinstance(order_by, str) else list(order_by or ())
     missing = [c for c in order_columns if c not in df.columns]
@@ -94,7 +96,7 @@ async def aggregate_frame(client: Any, df: Any, *, instruction: str, column: str
         client.settings, model=model, max_tokens=max_tokens, context_tokens=context_tokens,
         instructions=[instruction], temperature=temperature, token_budget=token_budget,
         budget_usd=budget_usd, scope=scope or "", partition_key=partition_key or "",
-        run_id=run_id, logger=logger)
+        run_id=run_id, logger=logger, mode=mode)
     if order_columns:  # ties broken by the text, so the order never depends on arrival
         df = df.assign(__batchllm_order_text=df[column].astype(str)).sort_values(
             [*order_columns, "__batchllm_order_text"], kind="mergesort", na_position="last")

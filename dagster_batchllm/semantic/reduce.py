@@ -73,6 +73,8 @@ class ReduceOptions:
     partition_key: str = ""
     run_id: str | None = None
     logger: Any = None
+    #: "online", or "batch_api": each level one provider batch (waited for), at its price.
+    mode: str = "online"
 
     def room_chars(self, instruction: str, kind: str) -> int:
         """Characters of item lines one request of ``kind`` may hold."""
@@ -135,6 +137,9 @@ def reduce_options(settings: Any, *, model: str | None, max_tokens: Any = None,
             f"{sorted(settings.models)}.")
     max_tokens = checked_param("max_tokens", max_tokens if max_tokens is not None
                                else settings.default_max_tokens)
+    if fields.get("mode", "online") not in ("online", "batch_api"):
+        raise InferenceConfigError(
+            f"aggregate: mode must be 'online' or 'batch_api', got {fields['mode']!r}.")
     if fields.get("temperature") is not None:
         fields["temperature"] = checked_param("temperature", fields["temperature"])
     options = ReduceOptions(model=model, max_tokens=max_tokens,
@@ -290,13 +295,13 @@ async def _ask(client: Any, system: str, prompts: list[str], options: ReduceOpti
         system=literal_template(system), model=options.model, output_column="answer",
         error_column="error", max_tokens=options.max_tokens, token_budget=budget,
         budget_usd=budget_usd, scope=options.scope, partition_key=options.partition_key,
-        run_id=options.run_id, logger=options.logger, **params)
+        run_id=options.run_id, logger=options.logger, mode=options.mode, wait=True, **params)
     return result.df["answer"].tolist(), result.df["error"].tolist(), result.stats
 
 
 def add_stats(parts: Sequence[InferenceStats]) -> InferenceStats:
     """Figures of several calls added up (latency percentiles are not kept)."""
-    total = InferenceStats()
+    total = InferenceStats(mode=parts[0].mode if parts else "online")
     for stats in parts:
         for name in _SUMMED:
             setattr(total, name, getattr(total, name) + getattr(stats, name))

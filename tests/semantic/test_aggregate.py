@@ -173,3 +173,22 @@ def test_rows_ordered_by_a_column_change_only_the_last_chunks_when_rows_are_appe
     assert result.figures.sent_per_level[0] <= 2
     assert all(sent <= 1 for sent in result.figures.sent_per_level[1:])
     assert first.figures.requests_sent > 5 * result.figures.requests_sent
+
+
+def test_through_a_batch_api_each_level_is_a_batch_and_a_rerun_sends_nothing(agg_sim,
+                                                                              make_client):
+    client = make_client(agg_sim, endpoint_kwargs={"max_context_tokens": CONTEXT,
+                                                   "batch_api": True},
+                         batch_poll_initial_s=0.02, batch_poll_max_s=0.05)
+    texts = complaints(200)
+
+    result = client.aggregate(pd.DataFrame({"body": texts}), instruction=INSTRUCTION,
+                              column="body", max_tokens=32, mode="batch_api")
+
+    assert result.df["answer"].tolist() == [answer_text(200, rows_digest(texts))]
+    assert len(agg_sim.batches()) == result.figures.levels >= 2  # a batch per level
+    assert agg_sim.stats(log=False)["requests"] == 0  # nothing online
+    assert all(stats.mode == "batch_api" for stats in result.figures.stats_per_level)
+    again = client.aggregate(pd.DataFrame({"body": texts}), instruction=INSTRUCTION,
+                             column="body", max_tokens=32, mode="batch_api")
+    assert again.figures.requests_sent == 0 and len(agg_sim.batches()) == result.figures.levels
