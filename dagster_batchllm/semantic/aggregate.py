@@ -54,7 +54,8 @@ class AggregateResult:
         return self.df[self.df[self.error_column].notna()]
 
 
-async def aggregate_frame(client: Any, df: Any, *, instruction: str, column: str,
+async def aggregate_frame(client: Any, df: Any, *, instruction: str | None = None,
+                          column: str | None = None,
                           by: str | Sequence[str] = (), order_by: str | Sequence[str] = (),
                           model: str | None = None,
                           output_column: str = "answer", error_column: str | None = None,
@@ -62,7 +63,8 @@ async def aggregate_frame(client: Any, df: Any, *, instruction: str, column: str
                           context_tokens: int | None = None, cells_as_text: bool = False,
                           token_budget: int | None = None, budget_usd: float | None = None,
                           scope: str = "", partition_key: str = "", run_id: str | None = None,
-                          logger: Any = None, mode: str = "online") -> AggregateResult:
+                          logger: Any = None, mode: str = "online", **unknown: Any
+                          ) -> AggregateResult:
     """One answer per group of ``df``'s rows (see the module's docstring).
 
     ``instruction``: what to answer about each group's texts; ``column``: the text column;
@@ -76,6 +78,12 @@ async def aggregate_frame(client: Any, df: Any, *, instruction: str, column: str
     numbers and timestamps read as text (else such a cell fails its group); ``mode=
     "batch_api"``: each level one batch of a provider's offline batch API (an endpoint with
     ``batch_api=True``), waited for, at the batch price."""
+    if unknown:
+        raise InferenceConfigError(
+            f"aggregate() got unknown argument(s) {sorted(unknown)}; it takes "
+            f"{_arguments()}.")
+    if not isinstance(column, str):
+        raise InferenceConfigError("aggregate: pass column= (the column of text to aggregate).")
     by_columns = _checked_frame(df, column, by, output_column)
     order_columns = [order_by] if isinstance(order_by, str) else list(order_by or ())
     missing = [c for c in order_columns if c not in df.columns]
@@ -107,6 +115,14 @@ async def aggregate_frame(client: Any, df: Any, *, instruction: str, column: str
     out[output_column] = pd.Series([a for a, _ in outcomes], index=out.index, dtype=object)
     out[error_column] = pd.Series([e for _, e in outcomes], index=out.index, dtype=object)
     return AggregateResult(out, figures, output_column, error_column)
+
+
+def _arguments() -> list[str]:
+    """The keyword arguments aggregate() takes, for an error message."""
+    import inspect
+
+    taken = inspect.signature(aggregate_frame).parameters
+    return sorted(n for n, p in taken.items() if p.kind is p.KEYWORD_ONLY)
 
 
 def _checked_frame(df: Any, column: str, by: str | Sequence[str], output_column: str

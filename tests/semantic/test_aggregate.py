@@ -136,6 +136,10 @@ def test_mistakes_in_the_call_raise_before_anything_is_sent(agg_sim, client):
         (dict(column="body", instruction=" "), "pass instruction="),
         (dict(column="body", context_tokens=0), "context_tokens must be"),
         (dict(column="body", by="g", output_column="g"), "is a grouping column"),
+        (dict(column="body", prompt="Summarize"), r"unknown argument\(s\) \['prompt'\]"),
+        (dict(), "pass column="),
+        (dict(column="body", order_by="day"), "order_by column"),
+        (dict(column="body", mode="later"), "mode must be"),
     ]
     for kwargs, says in mistakes:
         with pytest.raises(InferenceConfigError, match=says):
