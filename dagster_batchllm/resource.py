@@ -247,6 +247,15 @@ class BatchInferenceResource(dg.ConfigurableResource):
                      **kwargs: Any) -> InferenceResult:
         return await self.client.aembed(df, call, **_context_kwargs(context, call, kwargs))
 
+    def aggregate(self, df: Any, /, *, context: Any = None, **kwargs: Any) -> Any:
+        """One answer per group of ``df``'s rows, however many: ``instruction=``, ``column=``
+        (the text), ``by=[...]`` (none: the whole table), ``model=``, ``max_tokens=``,
+        ``context_tokens=``, ``token_budget=`` / ``budget_usd=`` (all levels together). A group
+        larger than the context is reduced level by level, never truncated; every request goes
+        through the ledger, so a rerun sends nothing. ``context=`` as for :meth:`infer`.
+        Returns an :class:`~dagster_batchllm.semantic.aggregate.AggregateResult`."""
+        return self.client.aggregate(df, **_context_kwargs(context, None, kwargs))
+
     def run_call(self, df: Any, call: Any, /, *, context: Any = None,
                  **kwargs: Any) -> InferenceResult:
         """Any job's ``call`` over ``df`` (a call whose task is registered, see
@@ -255,6 +264,25 @@ class BatchInferenceResource(dg.ConfigurableResource):
         merged = _context_kwargs(context, call, kwargs)
         fields = {name: merged.pop(name) for name in ("partition_key", "scope") if name in merged}
         return self.client.run_call(df, type(call).of(call, **fields), **merged)
+
+    def filter(self, df: Any, *, predicate: str, columns: list[str], model: str | None = None,
+               cascade: Any = None, context: Any = None, **kwargs: Any) -> Any:
+        """The rows of ``df`` that satisfy ``predicate`` (``ai_filter``'s requests), with a
+        reason for every NULL answer; ``cascade=Cascade(...)`` pays ``oracle`` only for the
+        rows ``proxy`` is unsure of. See :mod:`dagster_batchllm.semantic.filter`."""
+        from .semantic.filter import filter_rows
+
+        return filter_rows(self.client, df, predicate=predicate, columns=columns, model=model,
+                           cascade=cascade, **_context_kwargs(context, None, kwargs))
+
+    def classify(self, df: Any, *, labels: list[str], column: str, model: str | None = None,
+                 cascade: Any = None, context: Any = None, **kwargs: Any) -> Any:
+        """Each row's label among ``labels`` (``ai_classify``'s requests), with a cascade as
+        for :meth:`filter`. See :mod:`dagster_batchllm.semantic.filter`."""
+        from .semantic.filter import classify_rows
+
+        return classify_rows(self.client, df, labels=labels, column=column, model=model,
+                             cascade=cascade, **_context_kwargs(context, None, kwargs))
 
     @property
     def ledger(self):
