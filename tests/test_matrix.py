@@ -78,6 +78,31 @@ _row("MLflow models (`predict`)",
      "tests/core/test_predict_estimate.py::"
      "test_the_dry_run_of_predict_counts_what_a_call_would_score",
      "tests/core/test_predict_mlflow.py::test_a_model_column_routes_each_row_to_its_model")
+_row("filters and cascades (`filter`, `classify`, `ai_filter`, `cascade`)",
+     "tests/semantic/test_filter.py::"
+     "test_filter_keeps_the_rows_that_pass_and_says_why_each_null_is_null",
+     "tests/semantic/test_sql_ai_filter.py::test_ai_filter_in_where_and_join_on_duckdb",
+     "tests/semantic/test_sql_ai_filter.py::test_a_cascade_in_duckdb_and_sqlite_gives_the_same_rows",
+     "tests/spark/test_spark_ai_filter.py::"
+     "test_the_same_ai_filter_sql_gives_the_same_rows_in_spark_and_duckdb",
+     "tests/semantic/test_cascade_asset.py::"
+     "test_an_assets_cascade_figures_are_in_its_materialization",
+     NO, NO, NO, NO)
+_row("aggregates (`aggregate`, `ai_agg`, `ai_summarize_agg`)",
+     "tests/semantic/test_aggregate.py::"
+     "test_a_group_ten_times_the_context_is_reduced_whole_and_a_rerun_sends_nothing",
+     "tests/semantic/test_aggregate_sql.py::"
+     "test_duckdb_groups_are_answered_together_and_match_llm_aggregate",
+     "tests/semantic/test_aggregate_sql.py::"
+     "test_sqlite_aggregates_by_position_with_the_same_answers",
+     "tests/semantic/test_aggregate_spark.py::"
+     "test_the_same_sql_gives_the_same_answers_on_duckdb_and_spark",
+     "tests/semantic/test_aggregate_asset.py::"
+     "test_an_asset_aggregates_through_the_ledger_under_its_key",
+     NO,
+     "tests/semantic/test_aggregate.py::"
+     "test_through_a_batch_api_each_level_is_a_batch_and_a_rerun_sends_nothing",
+     NO, NO)
 _row("a job of your own (a call and a task)",
      "tests/core/test_a_new_job.py::"
      "test_a_new_job_runs_online_with_the_ledger_dedup_and_row_errors",
