@@ -72,9 +72,9 @@ def answer_groups(runtime: Runtime, function: AggregateFunction, groups: Sequenc
     answers: list[str | None] = [None] * len(inputs)
     errors: list[str] = []
     # On the runtime's loop, as its batches run: the pool, its limits and breakers are shared.
-    reduced = asyncio.run_coroutine_threadsafe(reduce_all(), runtime._ensure_loop()).result()
+    reduced = runtime.run(reduce_all())
     for (indices, _), (outcomes, figures) in zip(runs, reduced, strict=True):
-        runtime._add(figures.stats)  # counted in the connection's AIFunctions.stats
+        runtime.add_figures(figures.stats)
         for i, (answer, error) in zip(indices, outcomes, strict=True):
             answers[i] = answer
             if error is not None:

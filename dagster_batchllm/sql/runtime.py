@@ -294,6 +294,16 @@ class Runtime:
                 tokens_by_model={k: dict(v) for k, v in self._stats.tokens_by_model.items()},
                 errors_by_type=dict(self._stats.errors_by_type))
 
+    def run(self, coroutine: Any) -> Any:
+        """Run ``coroutine`` on the runtime's loop, where its batches run (the pool, its limits
+        and breakers shared), and wait for its result: for work beside the per-row functions,
+        such as the aggregates (:mod:`.aggregates`)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._ensure_loop()).result()
+
+    def add_figures(self, stats: InferenceStats) -> None:
+        """Count ``stats`` in the connection's figures (``AIFunctions.stats``)."""
+        self._add(stats)
+
     def _add(self, stats: InferenceStats) -> None:
         with self._stats_lock:
             total = self._stats
