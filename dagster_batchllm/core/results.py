@@ -24,6 +24,11 @@ class RowStatus(IntEnum):
         return self.name.lower()
 
 
+# The figures of InferenceStats that several calls' add up to (InferenceStats.add).
+_SUMMED = ("rows", "succeeded", "failed", "deferred", "cached", "deduplicated", "requests",
+           "retries", "prompt_tokens", "completion_tokens", "cached_tokens", "elapsed_s")
+
+
 @dataclass
 class InferenceStats:
     """Figures of one ``infer`` call; ``as_dict()`` feeds Dagster metadata."""
@@ -59,6 +64,23 @@ class InferenceStats:
     #: it was met, when the rows still unanswered went online, rows answered by batch and
     #: online, and rows answered by both (``duplicate_rows``, ``duplicate_cost_usd``).
     deadline: dict[str, Any] | None = None
+
+    def add(self, other: InferenceStats) -> None:
+        """Add another call's figures to these (several calls reported as one): counts, tokens
+        per model, errors by type and the costs that are known. Latency percentiles and the
+        per-endpoint figures are not added."""
+        for name in _SUMMED:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for model, tokens in other.tokens_by_model.items():
+            mine = self.tokens_by_model.setdefault(model, {})
+            for key, value in tokens.items():
+                mine[key] = mine.get(key, 0) + value
+        for error_type, n in other.errors_by_type.items():
+            self.errors_by_type[error_type] = self.errors_by_type.get(error_type, 0) + n
+        for name, digits in (("cost_usd", 9), ("estimated_cost_usd", 6)):
+            if getattr(other, name) is not None:
+                setattr(self, name, round((getattr(self, name) or 0.0) + getattr(other, name),
+                                          digits))
 
     @property
     def rows_per_s(self) -> float:

@@ -126,7 +126,7 @@ async def acascade(client: Any, bound: BoundCall, texts: Sequence[str], cascade:
             base, model=model)
         frame = pd.DataFrame({"prompt": [distinct[i] for i in indices]})
         result = await client.arun_call(frame, call, run_id=run_id, logger=logger)
-        _add(stats, result.stats)
+        stats.add(result.stats)
         paid[model].append((result.stats.cost_usd, int((result.statuses == "ok").sum())))
         return list(zip(result.df["output"].tolist(), result.df["error"].tolist(),
                         strict=True))
@@ -293,18 +293,6 @@ def _round(value: float | None) -> float | None:
 
 
 # -- figures ------------------------------------------------------------------------------------
-def _add(total: InferenceStats, stats: InferenceStats) -> None:
-    for name in ("rows", "succeeded", "failed", "deferred", "cached", "deduplicated",
-                 "requests", "retries", "prompt_tokens", "completion_tokens", "elapsed_s"):
-        setattr(total, name, getattr(total, name) + getattr(stats, name))
-    for error_type, n in stats.errors_by_type.items():
-        total.errors_by_type[error_type] = total.errors_by_type.get(error_type, 0) + n
-    for name, tokens in stats.tokens_by_model.items():
-        mine = total.tokens_by_model.setdefault(name, {})
-        for key, value in tokens.items():
-            mine[key] = mine.get(key, 0) + value
-
-
 def _paid(calls: list[tuple[float | None, int]]) -> tuple[float | None, int]:
     """(what a model's calls paid, None where one had no price; the rows they sent)."""
     rows = sum(fresh for _, fresh in calls)

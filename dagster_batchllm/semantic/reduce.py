@@ -43,8 +43,6 @@ CONTEXT_SHARE = 0.9
 # The core's estimate of a prompt (core/run/prompts.py): characters a token, tokens a message.
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4
-_SUMMED = ("rows", "succeeded", "failed", "deferred", "cached", "deduplicated", "requests",
-           "retries", "prompt_tokens", "completion_tokens", "cached_tokens", "elapsed_s")
 
 
 @dataclass
@@ -303,10 +301,5 @@ def add_stats(parts: Sequence[InferenceStats]) -> InferenceStats:
     """Figures of several calls added up (latency percentiles are not kept)."""
     total = InferenceStats(mode=parts[0].mode if parts else "online")
     for stats in parts:
-        for name in _SUMMED:
-            setattr(total, name, getattr(total, name) + getattr(stats, name))
-        for error_type, n in stats.errors_by_type.items():
-            total.errors_by_type[error_type] = total.errors_by_type.get(error_type, 0) + n
-        if stats.cost_usd is not None:
-            total.cost_usd = round((total.cost_usd or 0.0) + stats.cost_usd, 9)
+        total.add(stats)
     return total

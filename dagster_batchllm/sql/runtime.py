@@ -39,10 +39,6 @@ Row = tuple[Any, ...]
 Key = tuple[str, str, str, Any]  # (request id, model, message, file or None)
 NULL_OUTCOME: Outcome = (None, None)
 
-_SUMMED = ("rows", "succeeded", "failed", "deferred", "cached", "deduplicated", "requests",
-           "retries", "prompt_tokens", "completion_tokens", "elapsed_s")
-
-
 class Runtime:
     """Answers batches of rows for bound calls through one :class:`InferenceClient`."""
 
@@ -306,20 +302,8 @@ class Runtime:
 
     def _add(self, stats: InferenceStats) -> None:
         with self._stats_lock:
-            total = self._stats
-            for name in _SUMMED:
-                setattr(total, name, getattr(total, name) + getattr(stats, name))
-            for model, tokens in stats.tokens_by_model.items():
-                mine = total.tokens_by_model.setdefault(
-                    model, {"prompt_tokens": 0, "completion_tokens": 0})
-                for k, v in tokens.items():
-                    mine[k] = mine.get(k, 0) + v
-            for error_type, n in stats.errors_by_type.items():
-                total.errors_by_type[error_type] = total.errors_by_type.get(error_type, 0) + n
-            if stats.estimated_cost_usd is not None:
-                total.estimated_cost_usd = round(
-                    (total.estimated_cost_usd or 0.0) + stats.estimated_cost_usd, 6)
-            total.endpoints = stats.endpoints
+            self._stats.add(stats)
+            self._stats.endpoints = stats.endpoints
 
     # -- the loop ---------------------------------------------------------------------------
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
