@@ -6,11 +6,13 @@ import pandas as pd
 
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.delivery.batch_api.book import BatchBook
+from dagster_batchllm.core.pricing import Price
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
 from dagster_batchllm.testing import SimulatedEndpoint
 
 MODEL = "sim-model"
 PROMPT = "Summarize: {text}"
+PRICE = Price(input_per_mtok=2.0, output_per_mtok=2.0)  # batch: half
 
 
 def frame(n: int, prefix: str = "call") -> pd.DataFrame:
@@ -32,3 +34,15 @@ def book_of(client: InferenceClient) -> BatchBook:
 
 def batch_stats(sim: SimulatedEndpoint) -> dict:
     return sim.stats(log=False)["batches"]
+
+
+def calibrated(make_client, sim: SimulatedEndpoint, **overrides) -> InferenceClient:
+    """A client (its endpoint priced PRICE) whose ledger holds 30 rows answered online in
+    another scope, as a past partition's: a deadline's online rate is measured, not the
+    bound for endpoints never measured."""
+    client = make_client(sim, endpoint={"prices": {MODEL: PRICE}}, **overrides)
+    warm = client.infer(frame(30, "past"), prompt=PROMPT, model=MODEL, output_column="s",
+                        scope="past_partitions")
+    assert warm.stats.succeeded == 30
+    sim.reset_stats()
+    return client

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from batch_helpers import MODEL, PROMPT, batch_stats, book_of, frame
+from batch_helpers import MODEL, PROMPT, batch_stats, book_of, calibrated, frame
 
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.delivery.batch_api.deadline import (
@@ -23,21 +23,10 @@ from dagster_batchllm.core.delivery.batch_api.deadline import (
     duplicates,
 )
 from dagster_batchllm.core.errors import InferenceConfigError
-from dagster_batchllm.core.pricing import Price
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
 from dagster_batchllm.testing import SimulatedEndpoint
 
 ROWS = 60
-PRICE = Price(input_per_mtok=2.0, output_per_mtok=2.0)  # batch: half
-
-
-def calibrated(make_client, sim, **overrides):
-    client = make_client(sim, endpoint={"prices": {MODEL: PRICE}}, **overrides)
-    warm = client.infer(frame(30, "past"), prompt=PROMPT, model=MODEL, output_column="s",
-                        scope="past_partitions")
-    assert warm.stats.succeeded == 30
-    sim.reset_stats()
-    return client
 
 
 def infer(client, df, **kwargs):

@@ -14,7 +14,7 @@ import time
 import dagster as dg
 import pandas as pd
 import pytest
-from batch_helpers import MODEL, PROMPT, batch_stats, book_of, frame
+from batch_helpers import MODEL, PROMPT, batch_stats, book_of, calibrated, frame
 
 from dagster_batchllm import (
     BatchInferenceResource,
@@ -24,7 +24,6 @@ from dagster_batchllm import (
     build_inference_asset,
 )
 from dagster_batchllm.core.delivery.batch_api.deadline import MARGIN_S, WAKE_S
-from dagster_batchllm.core.pricing import Price
 
 ROWS = 40
 pytestmark = pytest.mark.timeout(120)
@@ -35,15 +34,6 @@ def instance(tmp_path):
     instance = dg.DagsterInstance.ephemeral(tempdir=str(tmp_path / "dagster"))
     yield instance
     instance.dispose()
-
-
-def calibrate(make_client, sim) -> None:
-    """30 rows answered online in another scope: the endpoint's latency, measured."""
-    price = Price(input_per_mtok=2.0, output_per_mtok=2.0)
-    client = make_client(sim, endpoint={"prices": {MODEL: price}})
-    assert client.infer(frame(30, "past"), prompt=PROMPT, model=MODEL, output_column="s",
-                        scope="past_partitions").stats.succeeded == 30
-    sim.reset_stats()
 
 
 def resource_for(sim, store_url: str) -> BatchInferenceResource:
@@ -74,7 +64,7 @@ def figures_of(instance, key: str, partition: str) -> dict:
 
 def test_a_daily_partition_answered_by_its_deadline_shows_batch_and_online_in_its_metadata(
         quick, make_client, store_url, instance):
-    calibrate(make_client, quick)
+    calibrated(make_client, quick)
     # Lines answered at an even pace over 60 s: by the switch (about 8 s in) a few of them.
     quick.configure(batch_in_progress_s=60.0)
     days = dg.DailyPartitionsDefinition(start_date="2026-01-01")
@@ -119,7 +109,7 @@ def test_a_daily_partition_answered_by_its_deadline_shows_batch_and_online_in_it
 
 def test_the_sensor_launches_the_switch_run_when_the_recorded_switch_time_comes(
         held, make_client, store_url, instance):
-    calibrate(make_client, held)
+    calibrated(make_client, held)
     held.configure(batch_cancelling_s=0.0)  # a batch stalled for good: it never answers
     parts = dg.StaticPartitionsDefinition(["p1", "p2"])
     calls = source_for(parts)
@@ -164,7 +154,7 @@ def test_the_sensor_launches_the_switch_run_when_the_recorded_switch_time_comes(
 
 def test_a_switch_run_that_finds_the_switch_not_due_records_a_new_time_and_waits_on(
         held, make_client, store_url, instance):
-    calibrate(make_client, held)
+    calibrated(make_client, held)
     parts = dg.StaticPartitionsDefinition(["p1"])
     calls = source_for(parts)
     summaries = build_inference_asset(

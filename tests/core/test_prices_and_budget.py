@@ -7,6 +7,7 @@ import pytest
 from dagster_batchllm import Price
 from dagster_batchllm.core.pricing import cost_at
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
+from tests.batch_api.batch_helpers import batch_settings
 
 MODEL = "sim-model"
 
@@ -328,11 +329,8 @@ def test_batch_lines_cost_the_batch_price_in_the_ledger_and_in_the_stats(tmp_pat
 
     price = Price(input_per_mtok=2.0, output_per_mtok=6.0, batch_discount=0.5)
     with SimulatedEndpoint(models=(MODEL,), api_key="sk-batch") as sim:
-        settings = InferenceSettings(
-            endpoints=(EndpointSpec(name="openai", base_url=sim.base_url, models=(MODEL,),
-                                    api_key="sk-batch", batch_api=True, prices=price),),
-            store_url=f"sqlite:///{tmp_path / 'ledger.db'}", batch_poll_initial_s=0.02,
-            batch_poll_max_s=0.2, ledger_flush_interval_s=0.05, progress_interval_s=60.0)
+        settings = batch_settings(sim, f"sqlite:///{tmp_path / 'ledger.db'}",
+                                  endpoint={"prices": price})
         with InferenceClient(settings) as client:
             result = client.infer(_frame(12), prompt="{text}", model=MODEL,
                                   output_column="out", mode="batch_api", wait=True)
@@ -387,11 +385,8 @@ def test_batch_lines_served_from_the_prompt_cache_cost_the_cached_batch_price(tm
     shared = "You are a careful classifier of support tickets. " * 8  # many 16-token blocks
     with SimulatedEndpoint(models=(MODEL,), api_key="sk-batch",
                            prefix_cache_tokens=100_000) as sim:
-        settings = InferenceSettings(
-            endpoints=(EndpointSpec(name="openai", base_url=sim.base_url, models=(MODEL,),
-                                    api_key="sk-batch", batch_api=True, prices=price),),
-            store_url=f"sqlite:///{tmp_path / 'ledger.db'}", batch_poll_initial_s=0.02,
-            batch_poll_max_s=0.2, ledger_flush_interval_s=0.05, progress_interval_s=60.0)
+        settings = batch_settings(sim, f"sqlite:///{tmp_path / 'ledger.db'}",
+                                  endpoint={"prices": price})
         with InferenceClient(settings) as client:
             call = {"prompt": shared + "{text}", "model": MODEL, "output_column": "out",
                     "max_tokens": 8, "mode": "batch_api"}
@@ -420,11 +415,8 @@ def test_in_batch_mode_budget_usd_is_charged_at_submission_and_never_passed(tmp_
     price = _Price(input_per_mtok=1_000.0, output_per_mtok=3_000.0, batch_discount=0.5)
     rows = _long_rows(30)
     with SimulatedEndpoint(models=(MODEL,), api_key="sk-batch") as sim:
-        settings = InferenceSettings(
-            endpoints=(EndpointSpec(name="openai", base_url=sim.base_url, models=(MODEL,),
-                                    api_key="sk-batch", batch_api=True, prices=price),),
-            store_url=f"sqlite:///{tmp_path / 'ledger.db'}", batch_poll_initial_s=0.02,
-            batch_poll_max_s=0.2, ledger_flush_interval_s=0.05, progress_interval_s=60.0)
+        settings = batch_settings(sim, f"sqlite:///{tmp_path / 'ledger.db'}",
+                                  endpoint={"prices": price})
         with InferenceClient(settings) as client:
             plan = client.plan(rows, prompt="{text}", model=MODEL, output_column="out",
                                max_tokens=8, mode="batch_api")

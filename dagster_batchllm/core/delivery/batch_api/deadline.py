@@ -100,14 +100,14 @@ class OnlineRate:
         return rows / self.requests_per_s if self.requests_per_s > 0 else float("inf")
 
 
-def online_rate(settings: Any, ledger: Any, model: str, *, max_tokens: int,
-                tokens_per_request: float) -> OnlineRate:
+def online_rate(settings: Any, ledger: Any, book_lines: sa.Table, model: str, *,
+                max_tokens: int, tokens_per_request: float) -> OnlineRate:
     """The online endpoints' rate for ``model`` (see the module's docstring)."""
     total, basis = 0.0, []
     for endpoint in settings.endpoints:
         if model not in endpoint.served_models or endpoint.protocol != "openai":
             continue
-        measured = measured_latency_s(ledger, endpoint.name, model,
+        measured = measured_latency_s(ledger, book_lines, endpoint.name, model,
                                       timeout_s=settings.request_timeout_s)
         latency = measured if measured is not None else (
             UNMEASURED_LATENCY_S + UNMEASURED_S_PER_TOKEN * max_tokens)
@@ -124,20 +124,18 @@ def online_rate(settings: Any, ledger: Any, model: str, *, max_tokens: int,
     return OnlineRate(total, basis)
 
 
-def measured_latency_s(ledger: Any, endpoint: str, model: str, *,
+def measured_latency_s(ledger: Any, book_lines: sa.Table, endpoint: str, model: str, *,
                        timeout_s: float) -> float | None:
     """The median latency of the endpoint's last online answers of ``model`` in the ledger
-    (records of batch lines, whose latency is their batch's, left out), or None."""
+    (records of keys with a line in the batch book, whose latency is their batch's, left
+    out), or None."""
     table = ledger.table
     query = (sa.select(table.c.latency_ms)
              .where(table.c.endpoint == endpoint, table.c.model == model,
                     table.c.status == "ok", table.c.latency_ms.is_not(None),
-                    table.c.latency_ms <= timeout_s * 1000.0))
-    book_lines = f"{table.name}_batch_lines"
-    if sa.inspect(ledger.engine).has_table(book_lines, schema=table.schema):
-        lines = BatchBook(ledger).lines
-        query = query.where(~sa.exists().where(lines.c.request_key == table.c.request_key))
-    query = query.order_by(table.c.updated_at.desc()).limit(MEASURED_RECORDS)
+                    table.c.latency_ms <= timeout_s * 1000.0,
+                    ~sa.exists().where(book_lines.c.request_key == table.c.request_key))
+             .order_by(table.c.updated_at.desc()).limit(MEASURED_RECORDS))
     with ledger.engine.connect() as conn:
         found = [float(v) for v in conn.execute(query).scalars()]
     return statistics.median(found) / 1000.0 if found else None
@@ -155,7 +153,7 @@ class DeadlineKeeper:
         self.log = log or logging.getLogger("dagster_batchllm")
         models = [model] if model is not None else sorted(
             {m for e in settings.endpoints if e.batch_api for m in e.models})
-        rates = [online_rate(settings, ledger, m, max_tokens=max_tokens,
+        rates = [online_rate(settings, ledger, book.lines, m, max_tokens=max_tokens,
                              tokens_per_request=tokens_per_request) for m in models]
         # A model column: the slowest model's rate (its rows may be all of them).
         self.rate = min(rates, key=lambda r: r.requests_per_s) if rates else OnlineRate(0.0)

@@ -65,8 +65,9 @@ async def switch_to_online(call: BatchModeCall, rows: Sequence[int], merged: _Me
     left = [i for i in rows if LEFT_FOR_ONLINE in (merged.errors[i] or "")]
     # The batches still unfinished: their rows go online, so the partition no longer waits
     # for them, and what they answer from now on is a duplicate.
-    late = [sub for sub in cancelled if sub not in set(ended)]
-    late = await asyncio.to_thread(_unfinished_of, call, late)
+    answered = set(ended)
+    late = await asyncio.to_thread(_unfinished_of, call,
+                                   [sub for sub in cancelled if sub not in answered])
     await asyncio.to_thread(call.book.mark_overtaken, late)
     if left:
         await _send_online(call, left, merged)
