@@ -78,6 +78,8 @@ def make_claude(store_url):
 
 
 def sdk(sim: SimulatedEndpoint) -> anthropic.Anthropic:
+    # Used in a with block: an unreferenced client is closed by the garbage collector whenever
+    # it runs, and that can be in the middle of reading a streamed results file (EBADF).
     return anthropic.Anthropic(base_url=sim.base_url.removesuffix("/v1"),
                                api_key=sim.settings.api_key, max_retries=0)
 
@@ -101,10 +103,11 @@ def test_rows_answered_through_message_batches_match_the_same_rows_online(
         online.stats.prompt_tokens, online.stats.completion_tokens) != (0, 0)
     stats = batch_stats(quick)
     assert stats["batches_created"] == 1 and stats["files_uploaded"] == 0  # inline requests
-    (sent,) = sdk(quick).messages.batches.list().data
+    with sdk(quick) as api:
+        (sent,) = api.messages.batches.list().data
+        results = list(api.messages.batches.results(sent.id))
     assert sent.id.startswith("msgbatch_") and sent.request_counts.succeeded == 40
     # Each custom id fits Anthropic's pattern and carries the row's request key.
-    results = list(sdk(quick).messages.batches.results(sent.id))
     assert {r.result.type for r in results} == {"succeeded"}
     assert all(len(r.custom_id) <= 64 and r.custom_id.replace("-", "").replace("_", "")
                .isalnum() for r in results)
@@ -180,8 +183,9 @@ def test_errored_and_expired_requests_become_row_errors_with_their_reasons(held,
     assert sum("HTTP 400" in e and "simulated 400 error" in e for e in errors) == 1
     assert sum("expired before this line was answered" in e for e in errors) == 5
     assert result.stats.errors_by_type == {"bad_request": 1, "timeout": 5}
-    (sent,) = sdk(held).messages.batches.list().data
-    kinds = sorted(r.result.type for r in sdk(held).messages.batches.results(sent.id))
+    with sdk(held) as api:
+        (sent,) = api.messages.batches.list().data
+        kinds = sorted(r.result.type for r in api.messages.batches.results(sent.id))
     assert kinds == ["errored"] + ["expired"] * 5 + ["succeeded"] * 4
 
 
@@ -189,10 +193,11 @@ def test_a_canceled_batch_sends_its_unprocessed_rows_again(held, make_claude):
     client = make_claude(held)
     df = frame(6)
     infer(client, df, wait=False)
-    (sent,) = sdk(held).messages.batches.list().data
-    assert sdk(held).messages.batches.cancel(sent.id).processing_status == "canceling"
-    held.complete_batches()
-    assert sdk(held).messages.batches.retrieve(sent.id).request_counts.canceled == 6
+    with sdk(held) as api:
+        (sent,) = api.messages.batches.list().data
+        assert api.messages.batches.cancel(sent.id).processing_status == "canceling"
+        held.complete_batches()
+        assert api.messages.batches.retrieve(sent.id).request_counts.canceled == 6
     held.configure(batch_validating_s=0.0, batch_in_progress_s=0.0, batch_finalizing_s=0.0)
     result = infer(client, df)
     assert result.stats.succeeded == 6 and batch_stats(held)["batches_created"] == 2
