@@ -87,7 +87,10 @@ _row("filters and cascades (`filter`, `classify`, `ai_filter`, `cascade`)",
      "test_the_same_ai_filter_sql_gives_the_same_rows_in_spark_and_duckdb",
      "tests/semantic/test_cascade_asset.py::"
      "test_an_assets_cascade_figures_are_in_its_materialization",
-     NO, NO, NO, NO)
+     NO,
+     "tests/semantic/test_filter.py::"
+     "test_through_a_batch_api_a_filter_waits_for_its_batch_at_the_batch_price",
+     NO, NO)
 _row("aggregates (`aggregate`, `ai_agg`, `ai_summarize_agg`)",
      "tests/semantic/test_aggregate.py::"
      "test_a_group_ten_times_the_context_is_reduced_whole_and_a_rerun_sends_nothing",

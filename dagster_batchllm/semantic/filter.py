@@ -9,6 +9,11 @@ was sent), ``invalid_structured_output: ...`` (the reply could not be read) or t
 error. Nothing is dropped silently: ``result.df`` holds the rows that passed, ``result.table``
 every row with the answer and its reason.
 
+``mode="batch_api"`` (with ``model=``, not a cascade) sends the requests through an endpoint's
+offline batch API at its batch price and waits for the answers; ``deadline=`` as for
+``infer``. A cascade runs online: its proxy's confidence comes from logprobs, which batch
+result lines are not read for.
+
 Example::
 
     from dagster_batchllm.semantic import Cascade
@@ -95,9 +100,11 @@ async def _aanswer(client: Any, df: Any, bound: BoundCall, kind: str, columns: S
             raise InferenceConfigError(
                 f"{function}: the input already has a column '{name}'; pass another "
                 "output_column.")
-    unknown = sorted(set(where) - {"partition_key", "scope", "run_id", "logger"})
+    unknown = sorted(set(where) - {"partition_key", "scope", "run_id", "logger", "mode",
+                                   "wait", "deadline"})
     if unknown:
         raise InferenceConfigError(f"{function}: unknown argument(s) {unknown}.")
+    delivery = _delivery(function, bound, where)
     served = client.settings.models
     if bound.cascade is not None:
         if model is not None:
@@ -125,7 +132,7 @@ async def _aanswer(client: Any, df: Any, bound: BoundCall, kind: str, columns: S
                                     scope=where.get("scope"))
         result = await client.arun_call(pd.DataFrame({"prompt": [texts[i] for i in sent]}),
                                         call, run_id=where.get("run_id"),
-                                        logger=where.get("logger"))
+                                        logger=where.get("logger"), **delivery)
         stats = result.stats
         answered = [read_outcome(strict, raw) for raw in zip(
             result.df["output"].tolist(), result.df["error"].tolist(), strict=True)]
@@ -136,6 +143,35 @@ async def _aanswer(client: Any, df: Any, bound: BoundCall, kind: str, columns: S
     table[error_column] = pd.Series([e for _, e in outcomes], index=df.index, dtype=object)
     return SemanticResult(df=table, table=table, output_column=output_column,
                           error_column=error_column, stats=stats, cascade=report)
+
+
+def _delivery(function: str, bound: BoundCall, where: dict[str, Any]) -> dict[str, Any]:
+    """``mode``/``deadline`` of the call, taken out of ``where``, checked before anything is
+    sent. Through a batch API the call waits for its batches: the rows a filter keeps are
+    known only once every row is answered."""
+    mode, deadline = where.pop("mode", "online"), where.pop("deadline", None)
+    if mode not in ("online", "batch_api"):
+        raise InferenceConfigError(
+            f"{function}: mode must be 'online' or 'batch_api', got {mode!r}.")
+    if where.pop("wait", True) is not True:
+        raise InferenceConfigError(
+            f"{function}: wait must be True: which rows pass is known only once every row is "
+            "answered (for answers collected later, infer() with wait=False and the "
+            "batch-collect sensor).")
+    if mode == "batch_api" and bound.cascade is not None:
+        # The proxy's confidence is read from its replies' logprobs, which the batch API's
+        # result lines are not read for (they keep a reply's text and usage).
+        raise InferenceConfigError(
+            f"{function}: a cascade runs online (its proxy's confidence comes from the "
+            "replies' logprobs, which batch result lines do not keep); pass mode='online' "
+            "(the default) with cascade=, or mode='batch_api' with model= alone.")
+    if mode == "online":
+        if deadline is not None:
+            raise InferenceConfigError(
+                f"{function}: deadline= is for mode='batch_api' (the batch API first, online "
+                "for what it has not answered in time).")
+        return {}
+    return {"mode": mode, "wait": True, "deadline": deadline}
 
 
 def row_texts(df: Any, columns: Sequence[str], function: str) -> list[str | None]:

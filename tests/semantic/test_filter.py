@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pandas as pd
 import pytest
 
-from dagster_batchllm import InferenceConfigError
+from dagster_batchllm import Cascade, InferenceConfigError, Price
 from dagster_batchllm.semantic.filter import NO_TEXT, row_texts
-from tests.semantic.cascade_helpers import LABELS, ORACLE, TRUTH
+from tests.semantic.cascade_helpers import LABELS, ORACLE, PROXY, TRUTH
 
 PREDICATE = "The customer asks for a refund."
 
@@ -66,3 +68,54 @@ def test_mistakes_raise_before_anything_is_sent(labelled_sim, make_llm_resource)
     with pytest.raises(InferenceConfigError, match="at least 2 labels"):
         llm.classify(df, labels=["refund"], column="body", model=ORACLE)
     assert labelled_sim.stats()["requests"] == 0
+
+
+def test_through_a_batch_api_a_filter_waits_for_its_batch_at_the_batch_price(
+        labelled_sim, make_llm_resource, tmp_path):
+    price = Price(input_per_mtok=2.0, output_per_mtok=2.0)
+    llm = make_llm_resource(labelled_sim, endpoint_kwargs={
+        "batch_api": True, "prices": {ORACLE: price}},
+        batch_poll_initial_s=0.02, batch_poll_max_s=0.05)
+    bodies = ["I want a refund now", "The chair arrived broken", None,
+              "Give me my money back", "When do you open?"]
+    df = pd.DataFrame({"body": bodies}, index=[5, 6, 7, 8, 9])
+    batches = len(labelled_sim.batches())
+
+    kept = llm.filter(df, predicate=PREDICATE, columns=["body"], model=ORACLE,
+                      mode="batch_api", deadline=dt.timedelta(hours=1))
+
+    assert set(kept.df.index) == {5, 8}  # the truth: the two refunds
+    assert kept.null_reasons.to_dict() == {7: NO_TEXT}
+    assert labelled_sim.stats()["requests"] == 0  # nothing online
+    assert len(labelled_sim.batches()) == batches + 1  # the four texts in one batch
+    assert kept.stats.mode == "batch_api" and kept.stats.succeeded == 4
+    assert kept.stats.deadline["status"] == "met"
+    assert (kept.stats.deadline["rows_by_batch"], kept.stats.deadline["rows_online"]) == (4, 0)
+    online_llm = make_llm_resource(labelled_sim, endpoint_kwargs={"prices": {ORACLE: price}},
+                                   store_url=f"sqlite:///{tmp_path / 'online.db'}")
+    online = online_llm.filter(df, predicate=PREDICATE, columns=["body"], model=ORACLE)
+    assert kept.stats.cost_usd == pytest.approx(online.stats.cost_usd / 2)
+    labelled_sim.reset_stats()
+    again = llm.filter(df, predicate=PREDICATE, columns=["body"], model=ORACLE,
+                       mode="batch_api")
+    assert set(again.df.index) == {5, 8} and len(labelled_sim.batches()) == batches + 1
+
+
+def test_a_batch_filter_is_refused_before_sending_where_it_cannot_be_kept(labelled_sim,
+                                                                          make_llm_resource):
+    llm = make_llm_resource(labelled_sim, endpoint_kwargs={"batch_api": True})
+    df = pd.DataFrame({"body": ["a refund"]})
+    cascade = Cascade(proxy=PROXY, oracle=ORACLE, sample=10)
+    with pytest.raises(InferenceConfigError, match="a cascade runs online"):
+        llm.filter(df, predicate=PREDICATE, columns=["body"], cascade=cascade,
+                   mode="batch_api")
+    with pytest.raises(InferenceConfigError, match="wait must be True"):
+        llm.classify(df, labels=LABELS, column="body", model=ORACLE, mode="batch_api",
+                     wait=False)
+    with pytest.raises(InferenceConfigError, match="deadline= is for mode='batch_api'"):
+        llm.filter(df, predicate=PREDICATE, columns=["body"], model=ORACLE,
+                   deadline=dt.timedelta(hours=1))
+    with pytest.raises(InferenceConfigError, match="mode must be 'online' or 'batch_api'"):
+        llm.filter(df, predicate=PREDICATE, columns=["body"], model=ORACLE, mode="offline")
+    assert labelled_sim.stats()["requests"] == 0 and not any(
+        b["status"] == "validating" for b in labelled_sim.batches())
