@@ -176,27 +176,30 @@ def test_faults_fail_the_whole_request(fresh):
 
 
 def test_latency_is_per_request_whatever_its_size():
+    # The latency is large beside what a loaded 2-core host adds to a request, so the upper
+    # bounds below (each well under what the alternative would take) hold under load too.
+    latency = 0.5
     with SimulatedEndpoint(embedding_models=(EMBED,), max_inputs_per_request=128) as sim:
-        sim.configure(embedding_latency_s=0.1, latency_s=0.0)
+        sim.configure(embedding_latency_s=latency, latency_s=0.0)
         client = client_for(sim)
         timings = {}
         for size in (1, 128):
             started = time.monotonic()
             client.embeddings.create(model=EMBED, input=[f"row {i}" for i in range(size)])
             timings[size] = time.monotonic() - started
-        assert timings[1] >= 0.1 and timings[128] >= 0.1
-        assert timings[128] < 0.1 + 0.5  # not 128 times the latency
+        assert timings[1] >= latency and timings[128] >= latency
+        assert timings[128] < latency * 4  # not 128 times the latency
         started = time.monotonic()  # and requests overlap: eight at once take one latency
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda i: client.embeddings.create(model=EMBED, input=[f"r{i}"] * 128),
                           range(8)))
-        assert time.monotonic() - started < 0.1 * 5  # one after another would take 0.8 s
+        assert time.monotonic() - started < latency * 6  # one after another: 8 latencies
         assert sim.stats()["max_concurrent"] >= 2
-        # Chat keeps its own latency.
+        # Chat keeps its own latency (none).
         started = time.monotonic()
         client.chat.completions.create(model="sim-model", messages=[{"role": "user",
                                                                      "content": "x"}])
-        assert time.monotonic() - started < 0.1
+        assert time.monotonic() - started < latency
 
 
 def test_auth_and_rate_limit_cover_embeddings():
