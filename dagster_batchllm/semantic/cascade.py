@@ -108,8 +108,14 @@ def sample_indices(texts: Sequence[str], size: int, seed: int) -> list[int]:
 
 async def acascade(client: Any, bound: BoundCall, texts: Sequence[str], cascade: Cascade, *,
                    kind: str, partition_key: str | None = None, scope: str | None = None,
-                   run_id: str | None = None, logger: Any = None) -> CascadeResult:
-    """Answer ``texts`` (user messages, each sendable) through the cascade; see the module."""
+                   run_id: str | None = None, logger: Any = None,
+                   oracle_delivery: dict[str, Any] | None = None) -> CascadeResult:
+    """Answer ``texts`` (user messages, each sendable) through the cascade; see the module.
+
+    ``oracle_delivery``: how the oracle's requests go (``arun_call``'s ``mode``, ``wait``,
+    ``deadline``): ``{"mode": "batch_api", "wait": True}`` sends the sample, then the
+    uncertain rows, each as a batch at the batch price. The proxy always answers online: its
+    confidence comes from logprobs, which batch result lines are not read for."""
     import pandas as pd
 
     distinct = list(dict.fromkeys(texts))
@@ -125,7 +131,8 @@ async def acascade(client: Any, bound: BoundCall, texts: Sequence[str], cascade:
         call = ScoredCall.scoring(base, model=model) if scored else type(base).of(
             base, model=model)
         frame = pd.DataFrame({"prompt": [distinct[i] for i in indices]})
-        result = await client.arun_call(frame, call, run_id=run_id, logger=logger)
+        delivery = {} if scored else oracle_delivery or {}
+        result = await client.arun_call(frame, call, run_id=run_id, logger=logger, **delivery)
         stats.add(result.stats)
         paid[model].append((result.stats.cost_usd, int((result.statuses == "ok").sum())))
         return list(zip(result.df["output"].tolist(), result.df["error"].tolist(),

@@ -9,10 +9,10 @@ was sent), ``invalid_structured_output: ...`` (the reply could not be read) or t
 error. Nothing is dropped silently: ``result.df`` holds the rows that passed, ``result.table``
 every row with the answer and its reason.
 
-``mode="batch_api"`` (with ``model=``, not a cascade) sends the requests through an endpoint's
-offline batch API at its batch price and waits for the answers; ``deadline=`` as for
-``infer``. A cascade runs online: its proxy's confidence comes from logprobs, which batch
-result lines are not read for.
+``mode="batch_api"`` sends the requests through an endpoint's offline batch API at its batch
+price and waits for the answers; ``deadline=`` as for ``infer``. With a cascade, the oracle's
+requests (the sample, then the uncertain rows) go as batches and the proxy answers online: its
+confidence comes from logprobs, which batch result lines are not read for.
 
 Example::
 
@@ -104,7 +104,7 @@ async def _aanswer(client: Any, df: Any, bound: BoundCall, kind: str, columns: S
                                    "wait", "deadline"})
     if unknown:
         raise InferenceConfigError(f"{function}: unknown argument(s) {unknown}.")
-    delivery = _delivery(function, bound, where)
+    delivery = _delivery(function, where)
     served = client.settings.models
     if bound.cascade is not None:
         if model is not None:
@@ -123,7 +123,7 @@ async def _aanswer(client: Any, df: Any, bound: BoundCall, kind: str, columns: S
     report, stats = None, InferenceStats()
     if sent and bound.cascade is not None:
         done = await acascade(client, bound, [texts[i] for i in sent], bound.cascade,
-                              kind=kind, **where)
+                              kind=kind, oracle_delivery=delivery, **where)
         report, stats, answered = done.report, done.stats, done.outcomes
     elif sent:
         call = bound.inference_call(prompt_column="prompt", output_column="output",
@@ -145,10 +145,10 @@ async def _aanswer(client: Any, df: Any, bound: BoundCall, kind: str, columns: S
                           error_column=error_column, stats=stats, cascade=report)
 
 
-def _delivery(function: str, bound: BoundCall, where: dict[str, Any]) -> dict[str, Any]:
-    """``mode``/``deadline`` of the call, taken out of ``where``, checked before anything is
-    sent. Through a batch API the call waits for its batches: the rows a filter keeps are
-    known only once every row is answered."""
+def _delivery(function: str, where: dict[str, Any]) -> dict[str, Any]:
+    """``mode``/``deadline`` of the call (of a cascade's oracle), taken out of ``where``,
+    checked before anything is sent. Through a batch API the call waits for its batches: the
+    rows a filter keeps are known only once every row is answered."""
     mode, deadline = where.pop("mode", "online"), where.pop("deadline", None)
     if mode not in ("online", "batch_api"):
         raise InferenceConfigError(
@@ -158,13 +158,6 @@ def _delivery(function: str, bound: BoundCall, where: dict[str, Any]) -> dict[st
             f"{function}: wait must be True: which rows pass is known only once every row is "
             "answered (for answers collected later, infer() with wait=False and the "
             "batch-collect sensor).")
-    if mode == "batch_api" and bound.cascade is not None:
-        # The proxy's confidence is read from its replies' logprobs, which the batch API's
-        # result lines are not read for (they keep a reply's text and usage).
-        raise InferenceConfigError(
-            f"{function}: a cascade runs online (its proxy's confidence comes from the "
-            "replies' logprobs, which batch result lines do not keep); pass mode='online' "
-            "(the default) with cascade=, or mode='batch_api' with model= alone.")
     if mode == "online":
         if deadline is not None:
             raise InferenceConfigError(

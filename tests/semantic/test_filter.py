@@ -9,7 +9,7 @@ import pytest
 
 from dagster_batchllm import Cascade, InferenceConfigError, Price
 from dagster_batchllm.semantic.filter import NO_TEXT, row_texts
-from tests.semantic.cascade_helpers import LABELS, ORACLE, PROXY, TRUTH
+from tests.semantic.cascade_helpers import LABELS, ORACLE, PROXY, TRUTH, tickets
 
 PREDICATE = "The customer asks for a refund."
 
@@ -105,10 +105,6 @@ def test_a_batch_filter_is_refused_before_sending_where_it_cannot_be_kept(labell
                                                                           make_llm_resource):
     llm = make_llm_resource(labelled_sim, endpoint_kwargs={"batch_api": True})
     df = pd.DataFrame({"body": ["a refund"]})
-    cascade = Cascade(proxy=PROXY, oracle=ORACLE, sample=10)
-    with pytest.raises(InferenceConfigError, match="a cascade runs online"):
-        llm.filter(df, predicate=PREDICATE, columns=["body"], cascade=cascade,
-                   mode="batch_api")
     with pytest.raises(InferenceConfigError, match="wait must be True"):
         llm.classify(df, labels=LABELS, column="body", model=ORACLE, mode="batch_api",
                      wait=False)
@@ -119,3 +115,32 @@ def test_a_batch_filter_is_refused_before_sending_where_it_cannot_be_kept(labell
         llm.filter(df, predicate=PREDICATE, columns=["body"], model=ORACLE, mode="offline")
     assert labelled_sim.stats()["requests"] == 0 and not any(
         b["status"] == "validating" for b in labelled_sim.batches())
+
+
+def test_a_cascade_through_a_batch_api_sends_the_oracles_rows_as_batches(
+        labelled_sim, make_llm_resource, tmp_path):
+    prices = {ORACLE: Price(input_per_mtok=2.0, output_per_mtok=6.0),
+              PROXY: Price(input_per_mtok=0.1, output_per_mtok=0.3)}
+    cascade = Cascade(proxy=PROXY, oracle=ORACLE, sample=150)
+    df = tickets(600)
+    online = make_llm_resource(labelled_sim, endpoint_kwargs={"prices": prices},
+                               store_url=f"sqlite:///{tmp_path / 'online.db'}").filter(
+        df, predicate=PREDICATE, columns=["body"], cascade=cascade)
+    llm = make_llm_resource(labelled_sim, endpoint_kwargs={"batch_api": True, "prices": prices},
+                            batch_poll_initial_s=0.02, batch_poll_max_s=0.05)
+    labelled_sim.reset_stats()
+    batches = len(labelled_sim.batches())
+
+    kept = llm.filter(df, predicate=PREDICATE, columns=["body"], cascade=cascade,
+                      mode="batch_api")
+
+    report = kept.cascade
+    assert 150 < report.oracle_rows < 600
+    # the proxy answered every row online; the oracle's sample, then its uncertain rows,
+    # went as two batches
+    assert labelled_sim.stats()["requests"] == 600
+    assert len(labelled_sim.batches()) == batches + 2
+    assert kept.table["passes"].tolist() == online.table["passes"].tolist()
+    assert report.thresholds == online.cascade.thresholds
+    assert report.proxy_cost_usd == pytest.approx(online.cascade.proxy_cost_usd)
+    assert report.oracle_cost_usd == pytest.approx(online.cascade.oracle_cost_usd / 2)
