@@ -33,6 +33,7 @@ from typing import Any
 
 from ..ai_functions.calls import BoundCall, read_outcome, sendable
 from ..ai_functions.catalogue import FUNCTIONS
+from ..core.delivery.batch_api.deadline import deadline_at
 from ..core.errors import InferenceConfigError
 from ..core.results import InferenceStats
 from .cascade import CLASSIFY, FILTER, CascadeReport, acascade
@@ -164,6 +165,7 @@ def _delivery(function: str, where: dict[str, Any]) -> dict[str, Any]:
                 f"{function}: deadline= is for mode='batch_api' (the batch API first, online "
                 "for what it has not answered in time).")
         return {}
+    deadline_at(deadline)  # a deadline of the wrong type raises now, not after the proxy paid
     return {"mode": mode, "wait": True, "deadline": deadline}
 
 

@@ -111,6 +111,9 @@ def test_a_batch_filter_is_refused_before_sending_where_it_cannot_be_kept(labell
     with pytest.raises(InferenceConfigError, match="deadline= is for mode='batch_api'"):
         llm.filter(df, predicate=PREDICATE, columns=["body"], model=ORACLE,
                    deadline=dt.timedelta(hours=1))
+    with pytest.raises(InferenceConfigError, match="deadline must be a datetime"):
+        llm.filter(df, predicate=PREDICATE, columns=["body"], mode="batch_api",
+                   cascade=Cascade(proxy=PROXY, oracle=ORACLE, sample=10), deadline="9am")
     with pytest.raises(InferenceConfigError, match="mode must be 'online' or 'batch_api'"):
         llm.filter(df, predicate=PREDICATE, columns=["body"], model=ORACLE, mode="offline")
     assert labelled_sim.stats()["requests"] == 0 and not any(
