@@ -22,8 +22,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from .delivery.batch_api.deadline import deadline_at
-from .delivery.batch_api.mode import BatchModeCall, check_mode
+from .delivery.batch_api.mode import BatchModeCall, check_delivery, check_mode
 from .delivery.online import OnlineDelivery
 from .delivery.pool import EndpointPool
 from .delivery.transport import make_transport
@@ -178,12 +177,7 @@ class InferenceClient:
         ``timedelta`` from now by which every row is answered, the rows the batches have not
         answered in time sent online (see :mod:`.delivery.batch_api.deadline`).
         ``task_options``: keywords of the task's ``prepare`` (``models`` for predict)."""
-        check_mode(mode, wait)
-        due = deadline_at(deadline)
-        if due is not None and mode != "batch_api":
-            raise InferenceConfigError(
-                "deadline= is for mode='batch_api' (the batch API first, online for what it "
-                "has not answered in time); an online call sends every row now.")
+        due = check_delivery(mode, wait, deadline)
         task_type = task_type_for(call)
         if mode == "batch_api" and task_type.batch_refusal:
             raise InferenceConfigError(f"mode='batch_api': {task_type.batch_refusal}.")

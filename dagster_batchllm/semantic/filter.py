@@ -33,7 +33,7 @@ from typing import Any
 
 from ..ai_functions.calls import BoundCall, read_outcome, sendable
 from ..ai_functions.catalogue import FUNCTIONS
-from ..core.delivery.batch_api.deadline import deadline_at
+from ..core.delivery.batch_api.mode import check_delivery
 from ..core.errors import InferenceConfigError
 from ..core.results import InferenceStats
 from .cascade import CLASSIFY, FILTER, CascadeReport, acascade
@@ -147,26 +147,22 @@ async def _aanswer(client: Any, df: Any, bound: BoundCall, kind: str, columns: S
 
 
 def _delivery(function: str, where: dict[str, Any]) -> dict[str, Any]:
-    """``mode``/``deadline`` of the call (of a cascade's oracle), taken out of ``where``,
-    checked before anything is sent. Through a batch API the call waits for its batches: the
-    rows a filter keeps are known only once every row is answered."""
-    mode, deadline = where.pop("mode", "online"), where.pop("deadline", None)
-    if mode not in ("online", "batch_api"):
-        raise InferenceConfigError(
-            f"{function}: mode must be 'online' or 'batch_api', got {mode!r}.")
-    if where.pop("wait", True) is not True:
+    """``mode``/``wait``/``deadline`` of the call (of a cascade's oracle), taken out of
+    ``where`` and checked now: a cascade's proxy is paid before the oracle's call would check
+    them. Through a batch API the call waits for its batches: the rows a filter keeps are
+    known only once every row is answered."""
+    mode, wait = where.pop("mode", "online"), where.pop("wait", True)
+    deadline = where.pop("deadline", None)
+    try:
+        check_delivery(mode, wait, deadline)
+    except InferenceConfigError as exc:
+        raise InferenceConfigError(f"{function}: {exc}") from None
+    if wait is not True:
         raise InferenceConfigError(
             f"{function}: wait must be True: which rows pass is known only once every row is "
             "answered (for answers collected later, infer() with wait=False and the "
             "batch-collect sensor).")
-    if mode == "online":
-        if deadline is not None:
-            raise InferenceConfigError(
-                f"{function}: deadline= is for mode='batch_api' (the batch API first, online "
-                "for what it has not answered in time).")
-        return {}
-    deadline_at(deadline)  # a deadline of the wrong type raises now, not after the proxy paid
-    return {"mode": mode, "wait": True, "deadline": deadline}
+    return {} if mode == "online" else {"mode": mode, "wait": True, "deadline": deadline}
 
 
 def row_texts(df: Any, columns: Sequence[str], function: str) -> list[str | None]:

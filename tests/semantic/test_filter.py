@@ -105,6 +105,7 @@ def test_a_batch_filter_is_refused_before_sending_where_it_cannot_be_kept(labell
                                                                           make_llm_resource):
     llm = make_llm_resource(labelled_sim, endpoint_kwargs={"batch_api": True})
     df = pd.DataFrame({"body": ["a refund"]})
+    batches = len(labelled_sim.batches())
     with pytest.raises(InferenceConfigError, match="wait must be True"):
         llm.classify(df, labels=LABELS, column="body", model=ORACLE, mode="batch_api",
                      wait=False)
@@ -114,10 +115,12 @@ def test_a_batch_filter_is_refused_before_sending_where_it_cannot_be_kept(labell
     with pytest.raises(InferenceConfigError, match="deadline must be a datetime"):
         llm.filter(df, predicate=PREDICATE, columns=["body"], mode="batch_api",
                    cascade=Cascade(proxy=PROXY, oracle=ORACLE, sample=10), deadline="9am")
-    with pytest.raises(InferenceConfigError, match="mode must be 'online' or 'batch_api'"):
+    with pytest.raises(InferenceConfigError,
+                       match=r"ai_filter: mode must be one of \['online', 'batch_api'\]"):
         llm.filter(df, predicate=PREDICATE, columns=["body"], model=ORACLE, mode="offline")
     assert labelled_sim.stats()["requests"] == 0 and not any(
         b["status"] == "validating" for b in labelled_sim.batches())
+    assert len(labelled_sim.batches()) == batches
 
 
 def test_a_cascade_through_a_batch_api_sends_the_oracles_rows_as_batches(

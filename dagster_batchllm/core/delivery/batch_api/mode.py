@@ -36,7 +36,7 @@ from ...tasks.base import CallBase, Task
 from ..limits import CostBudget, TokenBudget
 from .book import COLLECTED, SUBMIT_FAILED, BatchBook
 from .collect import BatchCollector, progress_line
-from .deadline import DeadlineKeeper, duplicates
+from .deadline import DeadlineKeeper, deadline_at, duplicates
 from .deadline_switch import deadline_keeper, switch_to_online
 from .delivery import BatchDelivery
 from .protocol import batch_config_problem, protocol_for
@@ -60,6 +60,18 @@ def check_mode(mode: str, wait: bool) -> None:
         raise InferenceConfigError(f"mode must be one of {list(MODES)}, got {mode!r}.")
     if not isinstance(wait, bool):
         raise InferenceConfigError(f"wait must be True or False, got {wait!r}.")
+
+
+def check_delivery(mode: str, wait: bool, deadline: Any) -> float | None:
+    """How a call's requests go, checked before anything is sent; the deadline's epoch
+    seconds (None without one)."""
+    check_mode(mode, wait)
+    due = deadline_at(deadline)
+    if due is not None and mode != "batch_api":
+        raise InferenceConfigError(
+            "deadline= is for mode='batch_api' (the batch API first, online for what it "
+            "has not answered in time); an online call sends every row now.")
+    return due
 
 
 class BatchModeCall:
@@ -353,4 +365,4 @@ class _Merged:
         s.estimated_cost_usd = (round(sum(parts), 6) if None not in parts else None)
 
 
-__all__ = ["MODES", "BatchModeCall", "check_mode"]
+__all__ = ["MODES", "BatchModeCall", "check_delivery", "check_mode"]
