@@ -51,6 +51,11 @@ class InferenceConfigError(BatchLLMError, ValueError):
     """The call itself is wrong (raised before any request is sent)."""
 
 
+class ClaimsUnavailableError(BatchLLMError):
+    """The ledger database could not take this run's claims on its requests (which keep runs
+    sharing a ledger from paying twice) for the outage bound: the run stops sending."""
+
+
 class RowError(BatchLLMError):
     """A failure that belongs to one row; becomes that row's error value."""
 

@@ -10,34 +10,63 @@ this is the run's side of it, so the engine makes a few calls and knows nothing 
   claimed are *parked* and ``send_parked`` waits for their answers (or sends them after all);
 * ``leave``: end the registration and give the pool its endpoints whole again.
 
-A failing coordination database never fails the run: heartbeats keep the last shares, a failed
-claim sends the requests anyway (the worst outcome is paying twice), claims end when it leaves.
+A busy or failing coordination database never makes a run pay twice: heartbeats keep the last
+shares, and a claim that fails (a deadlock, a lock timeout, the database away) is retried, with
+sending paused meanwhile, never skipped; a claim that keeps failing for ``ledger_outage_s`` (the
+bound of a ledger outage) fails the run, as a ledger that cannot be written does. Claims end
+when the run leaves.
+
+Claims are taken a slice at a time, just before the slice is sent (``claim_slice``), not a
+chunk of thousands of rows at once: runs over the same rows then claim different slices and
+all send, instead of one sending everything while the others wait for its answers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from ..delivery.pool import Allocation, EndpointPool
+from ..errors import ClaimsUnavailableError
+from ..ledger.stores import redact_url
 from ..ledger.table import Ledger
+from ..ledger.writer import database_away
 from ..settings import InferenceSettings
 from .coordinator import RunCoordinator
 
-_WARN_EVERY_S = 10.0  # while heartbeats fail, one warning per this many seconds
+_WARN_EVERY_S = 10.0  # while heartbeats or claims fail, one warning per this many seconds
+# A claim that failed is retried after a short, growing, jittered pause: a deadlock's loser
+# goes again at once (the winner has committed by then), an outage is not hammered.
+_CLAIM_RETRY_FIRST_S = 0.02
+_CLAIM_RETRY_MAX_S = 2.0
+# Failures that waiting does not fix (a bad statement, a permission) stop the run after this
+# many in a row, as the ledger writer's do.
+_MAX_OTHER_CLAIM_FAILURES = 5
+# Requests claimed at a time: about what the run sends at once, so runs over the same rows
+# take different slices (see the module's docstring).
+_MIN_CLAIM_SLICE = 64
 Item = TypeVar("Item")  # what the run waits for per parked request (the engine's KeyState)
 
 
 class RunCoordination(Generic[Item]):
     def __init__(self, coordinator: RunCoordinator, pool: EndpointPool, *, interval_s: float,
-                 log: Any):
+                 log: Any, outage_s: float = 120.0, where: str = "the ledger database"):
+        """``outage_s``: how long claims may keep failing (sending paused) before the run
+        fails; ``where``: the database, as errors name it (password redacted)."""
         self.coordinator = coordinator
         self.pool = pool
         self.interval_s = interval_s
         self.log = log
+        self.outage_s = outage_s
+        self.where = where
         # request key -> item, for requests another live run is sending: waited for
         self.parked: dict[str, Item] = {}
+        # False while the run only waits for parked requests: its share of each endpoint
+        # goes to the runs that send them (see RunCoordinator.heartbeat).
+        self.sending = True
 
     @classmethod
     async def join(cls, settings: InferenceSettings, ledger: Ledger, pool: EndpointPool, *,
@@ -59,7 +88,8 @@ class RunCoordination(Generic[Item]):
             group=pool.group,
             max_concurrency={e.name: e.max_concurrency for e in endpoints},
         )
-        self = cls(coordinator, pool, interval_s=settings.coordination_interval_s, log=log)
+        self = cls(coordinator, pool, interval_s=settings.coordination_interval_s, log=log,
+                   outage_s=settings.ledger_outage_s, where=redact_url(ledger.url))
         runs = await self.heartbeat()
         if any(n > 1 for n in runs.values()):
             # Let the runs already sending see us and shrink before we start, then count again:
@@ -73,7 +103,7 @@ class RunCoordination(Generic[Item]):
         """Renew this run's registration and apply its allocation; live runs per endpoint."""
         coordinator, pool = self.coordinator, self.pool
         runs = await asyncio.to_thread(coordinator.heartbeat, pool.window_usage(),
-                                       pool.in_flight())
+                                       pool.in_flight(), sending=self.sending)
         pool.allocate(Allocation(runs=runs, rate_limits=coordinator.limits,
                                  capacities=coordinator.capacities))
         return runs
@@ -92,14 +122,46 @@ class RunCoordination(Generic[Item]):
                                      f"{type(exc).__name__}: {str(exc)[:300]}")
                 failing += 1
 
-    async def claim(self, keys: list[str]) -> set[str]:
-        """Claim requests for this run; return those another live run is sending."""
-        try:
-            return await asyncio.to_thread(self.coordinator.claim, keys)
-        except Exception as exc:  # without claims the worst outcome is paying twice
-            self.log.warning(f"batchllm: claiming requests failed, sending them anyway: "
-                             f"{type(exc).__name__}: {exc}")
-            return set()
+    def claim_slice(self, capacity: int) -> int:
+        """How many requests the run claims at a time, for a delivery of ``capacity``."""
+        return max(_MIN_CLAIM_SLICE, capacity)
+
+    async def claim(self, keys: list[str], *, clock: Callable[[], float] = time.monotonic
+                    ) -> set[str]:
+        """Claim requests for this run; return those another live run is sending.
+
+        Retried until it succeeds (nothing is sent meanwhile: the caller sends only what it
+        claimed); past ``outage_s`` of failures, or after a few failures that waiting does not
+        fix, raises :class:`ClaimsUnavailableError`."""
+        failing_since: float | None = None
+        warned_at = float("-inf")
+        others = 0
+        pause = _CLAIM_RETRY_FIRST_S
+        while True:
+            try:
+                return await asyncio.to_thread(self.coordinator.claim, keys)
+            except Exception as exc:
+                now = clock()
+                if failing_since is None:
+                    failing_since = now
+                down_s = now - failing_since
+                others = 0 if database_away(exc) else others + 1
+                reason = f"{type(exc).__name__}: {str(exc)[:300]}"
+                if others >= _MAX_OTHER_CLAIM_FAILURES or down_s >= self.outage_s:
+                    raise ClaimsUnavailableError(
+                        f"claiming {len(keys)} requests in {self.where} failed for "
+                        f"{down_s:.0f} s (last error: {reason}); nothing more was sent, so no "
+                        "request is paid twice; the answers received are written to the "
+                        "ledger, and a rerun sends the rest") from exc
+                if down_s >= 1.0 and now - warned_at >= _WARN_EVERY_S:
+                    # A deadlock's retry succeeds at once; only a streak is worth a line.
+                    warned_at = now
+                    self.log.warning(
+                        f"batchllm: claiming {len(keys)} requests in {self.where} keeps "
+                        f"failing; sending pauses and the claim is retried for up to "
+                        f"{self.outage_s:g} s: {reason}")
+                await asyncio.sleep(pause * (0.5 + random.random()))
+                pause = min(_CLAIM_RETRY_MAX_S, pause * 2)
 
     def release_in(self, conn: Any, keys: list[str]) -> None:
         """End the claims on requests whose outcomes ``conn``'s transaction writes (the
@@ -112,16 +174,24 @@ class RunCoordination(Generic[Item]):
         self.parked[key] = item
 
     async def send_parked(self, answer_from_ledger: Callable[[dict[str, Item]], Awaitable[None]],
-                          send: Callable[[Item], Awaitable[None]]) -> None:
+                          send: Callable[[Item], Awaitable[None]],
+                          idle: Callable[[], bool] = lambda: False) -> None:
         """Wait for the requests other runs were sending: ``answer_from_ledger`` answers (and
         removes from the dict it is given) those whose outcome they have written; ``send``
-        sends those whose run failed, deferred or dropped them after all."""
-        while self.parked:
-            await asyncio.sleep(self.interval_s)
-            held = await self.claim(list(self.parked))  # claim first: an answer is written
-            await answer_from_ledger(self.parked)  # before its claim ends, so this sees it
-            for key in [k for k in self.parked if k not in held]:
-                await send(self.parked.pop(key))
+        sends those whose run failed, deferred or dropped them after all. While ``idle()``
+        (the run has nothing of its own queued or in flight) it gives up its share of the
+        endpoints to the runs still sending."""
+        try:
+            while self.parked:
+                self.sending = not idle()
+                await asyncio.sleep(self.interval_s)
+                held = await self.claim(list(self.parked))  # claim first: an answer is written
+                await answer_from_ledger(self.parked)  # before its claim ends, so this sees it
+                for key in [k for k in self.parked if k not in held]:
+                    self.sending = True
+                    await send(self.parked.pop(key))
+        finally:
+            self.sending = True
 
     async def leave(self) -> None:
         """End this run; its request claims end now, its rate-limit claims once what it sent

@@ -65,6 +65,9 @@ def _holders_table(ledger_table: sa.Table) -> sa.Table:
         sa.Column("requests_claim", sa.Float, nullable=False, default=0.0),
         sa.Column("tokens_claim", sa.Float, nullable=False, default=0.0),
         sa.Column("concurrency_claim", sa.Float, nullable=False, default=0.0),
+        # False while the run only waits for requests other runs are sending: it then takes
+        # no share of the endpoint (NULL, from a version before the column: sending).
+        sa.Column("sending", sa.Boolean, nullable=True),
     )
 
 
@@ -98,6 +101,27 @@ def _process_gone(holder_id: str) -> bool:
     except OSError:  # exists, owned by someone else
         return False
     return False
+
+
+def _add_missing_columns(engine: sa.Engine, table: sa.Table) -> None:
+    """Give a table made by an earlier version the nullable columns added since (their NULL
+    means what the earlier version did)."""
+    present = {c["name"] for c in sa.inspect(engine).get_columns(table.name,
+                                                                  schema=table.schema)}
+    preparer = engine.dialect.identifier_preparer
+    for column in table.columns:
+        if column.name in present or not column.nullable:
+            continue
+        kind = column.type.compile(dialect=engine.dialect)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(f"ALTER TABLE {preparer.format_table(table)} ADD COLUMN "
+                                     f"{preparer.format_column(column)} {kind}")
+        except sa.exc.DatabaseError:  # another run added it meanwhile
+            present = {c["name"] for c in sa.inspect(engine).get_columns(
+                table.name, schema=table.schema)}
+            if column.name not in present:
+                raise
 
 
 class RunCoordinator:
@@ -135,12 +159,17 @@ class RunCoordinator:
             except sa.exc.DatabaseError:
                 if not sa.inspect(engine).has_table(table.name, schema=table.schema):
                     raise
+        _add_missing_columns(engine, self.table)
 
     def heartbeat(self, usage: dict[str, tuple[float, float]] | None = None,
-                  in_flight: dict[str, int] | None = None) -> dict[str, int]:
+                  in_flight: dict[str, int] | None = None, *, sending: bool = True
+                  ) -> dict[str, int]:
         """Renew this run's registration; return live runs per endpoint (this one included).
 
-        ``usage``: endpoint -> (requests, tokens) this run's limiters count now. Sets
+        ``usage``: endpoint -> (requests, tokens) this run's limiters count now; ``sending``:
+        False while the run only waits for other runs' answers, so the runs that send split
+        the endpoint without it (it claims no concurrency and no more of a rate limit than
+        its limiters still count). Sets
         ``limits``: endpoint -> per kind (requests, tokens), ``None`` where unlimited, else
         (what this run may count in a window, whether that is its full fair share); and
         ``capacities``: endpoint -> requests this run may have in flight.
@@ -159,7 +188,7 @@ class RunCoordinator:
             conn.execute(t.delete().where(t.c.holder_id == self.holder_id))
             rows = conn.execute(sa.select(
                 t.c.holder_id, t.c.endpoint, t.c.heartbeat_at, t.c.live, t.c.requests_claim,
-                t.c.tokens_claim, t.c.concurrency_claim,
+                t.c.tokens_claim, t.c.concurrency_claim, t.c.sending,
             ).where(t.c.endpoint.in_(self.endpoints))).all()
             gone = {h for h in {r.holder_id for r in rows} if _process_gone(h)}
             runs: dict[str, int] = {}
@@ -171,7 +200,8 @@ class RunCoordinator:
                         continue  # this pool's own sending is in its own limiters already
                     if (row.live and row.heartbeat_at >= now - self.stale_after_s
                             and row.holder_id not in gone):
-                        groups.add(_group(row.holder_id))
+                        if row.sending is not False:  # a waiting run takes no share
+                            groups.add(_group(row.holder_id))
                         in_flight_elsewhere += row.concurrency_claim
                     elif ((not row.live or row.holder_id in gone)
                           and row.heartbeat_at < now - self.window_s):
@@ -185,7 +215,8 @@ class RunCoordinator:
                     fair = max(1, cap // len(groups))
                     allowed = int(max(0.0, min(fair, cap - in_flight_elsewhere)))
                     self.capacities[name] = allowed
-                    concurrency_claim = float(max(allowed, (in_flight or {}).get(name, 0)))
+                    concurrency_claim = float(max(allowed if sending else 0,
+                                                  (in_flight or {}).get(name, 0)))
                 caps = self.rate_limits.get(name, (None, None))
                 used = usage.get(name, (0.0, 0.0))
                 limits, claims = [], []
@@ -197,13 +228,13 @@ class RunCoordinator:
                     fair = cap / len(groups)
                     allowed = max(0.0, min(fair, cap - others))
                     limits.append((allowed, allowed >= fair))
-                    claims.append(max(float(mine), allowed))
+                    claims.append(max(float(mine), allowed if sending else 0.0))
                 self.limits[name] = tuple(limits)
                 records.append({"holder_id": self.holder_id, "endpoint": name,
                                 "heartbeat_at": now, "description": self.description,
                                 "live": True, "requests_claim": claims[0],
                                 "tokens_claim": claims[1],
-                                "concurrency_claim": concurrency_claim})
+                                "concurrency_claim": concurrency_claim, "sending": sending})
             if records:  # a run with no endpoints (in-process models only) registers none
                 conn.execute(t.insert(), records)
         return runs
@@ -236,12 +267,18 @@ class RunCoordinator:
 
         Claims of runs that are gone are taken over. Only SQLite and PostgreSQL take claims
         (elsewhere this claims nothing and returns nothing: runs may then pay twice).
+
+        Every statement takes its keys in one order (sorted): two runs inserting overlapping
+        keys in different orders each wait on a key the other inserted and PostgreSQL breaks
+        the cycle by failing one transaction ("deadlock detected"); in one order the second
+        waits for the first and goes on. A failure raises: the caller retries the claim
+        (:mod:`.coordination`), it never sends without one.
         """
         backend = self.engine.dialect.name
         if backend not in ("sqlite", "postgresql"):
             return set()
         c = self.claims
-        keys = list(keys)
+        keys = sorted(set(keys))
         others: set[str] = set()
         now = time.time()
         key_list = KeyList.of(backend)
@@ -257,7 +294,7 @@ class RunCoordinator:
                     live = self._live_holders(conn, now)
                 gone = [key for key, holder in held if holder not in live]
                 others.update(key for key, holder in held if holder in live)
-                if gone:  # take over the claims of runs that are gone
+                if gone:  # take over the claims of runs that are gone (still in key order)
                     conn.execute(c.delete().where(c.c.request_key.in_(gone),
                                                   c.c.holder_id.not_in(live)))
                     self._insert_claims(conn, backend, gone, now)

@@ -120,6 +120,7 @@ class InferenceRun(RowOutcomes, RunBudgets):
         self._paid: dict[str, list] = {}  # per model: see RowOutcomes._record
         self._coordination: RunCoordination[KeyState] | None = None
         self._per_send = 1  # items a worker hands the delivery at once (set by run)
+        self._busy_workers = 0  # workers with a parcel in hand
         self._done_rows = 0
         self._started = 0.0
         # Every request key the input asks for, when the caller retires the others afterwards.
@@ -216,7 +217,8 @@ class InferenceRun(RowOutcomes, RunBudgets):
         chunk_rows = min(self.settings.chunk_rows,
                          self.task.max_chunk_rows or self.settings.chunk_rows)
         coordination = self._coordination
-        per_send = self._per_send
+        claim_slice = (coordination.claim_slice(self.delivery.capacity())
+                       if coordination is not None else 0)
         keys, refusal = self.keys, self.delivery.refusal
         inflight, settled_not_ok = self._inflight, self._settled_not_ok
         for start in range(0, len(self.inputs), chunk_rows):
@@ -254,26 +256,40 @@ class InferenceRun(RowOutcomes, RunBudgets):
                 fresh[key] = KeyState(item, row)
             if fresh:
                 await self._answer_from_ledger(fresh)
-            if fresh and coordination is not None:
-                for key in await coordination.claim(list(fresh)):
-                    self._inflight[key] = state = fresh.pop(key)
+            if coordination is None:
+                await self._enqueue(queue, fresh)
+                continue
+            # Claimed a slice at a time, as the queue takes them: runs over the same rows
+            # claim different slices and all send (see coordination.claim_slice).
+            pending = list(fresh.items())
+            for at in range(0, len(pending), claim_slice):
+                part = dict(pending[at:at + claim_slice])
+                for key in await coordination.claim(list(part)):
+                    self._inflight[key] = state = part.pop(key)
                     coordination.park(key, state)
                 # Answered and released by another run between the lookup and the claim?
-                await self._answer_from_ledger(fresh)
-            parcel: list[KeyState] = []
-            for key, state in fresh.items():
-                self._inflight[key] = state
-                parcel.append(state)
-                if len(parcel) >= per_send:
-                    await queue.put(parcel)
-                    parcel = []
-            if parcel:
-                await queue.put(parcel)
+                await self._answer_from_ledger(part)
+                await self._enqueue(queue, part)
         if coordination is not None:
-            await coordination.send_parked(self._answer_from_ledger,
-                                           lambda state: queue.put([state]))
+            await coordination.send_parked(
+                self._answer_from_ledger, lambda state: queue.put([state]),
+                idle=lambda: queue.empty() and self._busy_workers == 0)
         for _ in range(workers_n):
             await queue.put(None)
+
+    async def _enqueue(self, queue: asyncio.Queue, states: dict[str, KeyState]) -> None:
+        """Hand ``states`` to the workers, ``per_send`` at a time (waits while the queue is
+        full: what is not queued yet is not sent yet)."""
+        per_send = self._per_send
+        parcel: list[KeyState] = []
+        for key, state in states.items():
+            self._inflight[key] = state
+            parcel.append(state)
+            if len(parcel) >= per_send:
+                await queue.put(parcel)
+                parcel = []
+        if parcel:
+            await queue.put(parcel)
 
     async def _answer_from_ledger(self, states: dict[str, KeyState]) -> None:
         """Answer the requests the ledger holds ok answers for, and remove them from
@@ -305,6 +321,7 @@ class InferenceRun(RowOutcomes, RunBudgets):
 
     async def _worker(self, queue: asyncio.Queue) -> None:
         while (parcel := await queue.get()) is not None:
+            self._busy_workers += 1
             try:
                 if len(parcel) == 1:
                     await self._process(parcel[0])
@@ -317,6 +334,8 @@ class InferenceRun(RowOutcomes, RunBudgets):
             except Exception as exc:  # a bug must not take the other rows down with it
                 self.log.exception("batchllm: internal error while processing a request")
                 self._settle_unsettled(parcel, InternalError(f"{type(exc).__name__}: {exc}"))
+            finally:
+                self._busy_workers -= 1
 
     def _settle_unsettled(self, states: list[KeyState], error: RowError) -> None:
         for state in states:
