@@ -317,7 +317,8 @@ class InferenceClient:
         settings = self.settings
         return task.deliver(OnlineDelivery(
             settings, self.pool,
-            make_transport(settings.http_client, timeout_s=settings.request_timeout_s),
+            make_transport(settings.http_client, timeout_s=settings.request_timeout_s,
+                           max_reply_bytes=settings.max_reply_bytes),
             route=task.route, route_models=task.route_models(settings), parse=task.parse_reply,
             log=log))
 

@@ -51,6 +51,10 @@ KIND_BY_TYPE: dict[str, ErrorKind] = {
     ErrorType.UNSUPPORTED_TASK.value: ErrorKind.UNSUPPORTED,
     ErrorType.UNSUPPORTED_MODEL.value: ErrorKind.CONFIGURATION,
     ErrorType.BAD_REQUEST.value: ErrorKind.CONFIGURATION,
+    # Not retried within a run (the same request mostly gets the same oversized reply: a
+    # server that ignores max_tokens), but a partition may be run again once the endpoint or
+    # max_reply_bytes is fixed, and a sampled reply that ran away once may not again.
+    ErrorType.RESPONSE_TOO_LARGE.value: ErrorKind.CONFIGURATION,
     ErrorType.AUTHENTICATION.value: ErrorKind.CONFIGURATION,
     ErrorType.NOT_FOUND.value: ErrorKind.CONFIGURATION,
     ErrorType.RATE_LIMITED.value: ErrorKind.TRANSIENT,

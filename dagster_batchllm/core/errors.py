@@ -36,6 +36,9 @@ class ErrorType(str, Enum):
     NO_HEALTHY_ENDPOINT = "no_healthy_endpoint"
     ENDPOINT_UNREACHABLE = "endpoint_unreachable"
     REQUEST_TOO_LARGE = "request_too_large"
+    #: The reply was longer than the request could need (``max_reply_bytes``): its reading
+    #: was stopped and the connection closed, nothing of it kept.
+    RESPONSE_TOO_LARGE = "response_too_large"
     #: The model cannot do what the request asks (the embedded default asked to translate or
     #: to read an image answers 422 with this code): the same request is refused every time.
     UNSUPPORTED_TASK = "unsupported_task"

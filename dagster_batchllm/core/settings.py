@@ -241,6 +241,13 @@ class InferenceSettings:
         "Seconds a ledger database server may leave a statement unanswered before the "
         "connection is closed and the statement retried (a connection can stay open with "
         "nothing behind it; SQLite files have no such wait).", 30.0)
+    max_reply_bytes: int | None = described(
+        "Largest reply body read from an endpoint, in bytes; a longer one is refused while it "
+        "is read (the connection closed) and its row fails with response_too_large. None: "
+        "each request's own bound, from what it asks for: a chat request 64 bytes a token of "
+        "max_tokens (more with logprobs) plus 64 KiB, at most 4 MiB; embeddings 24 bytes a "
+        "dimension (8,192 where the call names none) an input; other routes 64 KiB a row.",
+        None)
 
     def __post_init__(self) -> None:
         if not self.endpoints and not self.mlflow_models:
@@ -261,6 +268,9 @@ class InferenceSettings:
                       "ledger_statement_timeout_s"):
             if not getattr(self, bound) > 0:
                 raise ValueError(f"{bound} must be a positive number of seconds.")
+        if self.max_reply_bytes is not None and self.max_reply_bytes < 1024:
+            raise ValueError("max_reply_bytes must be at least 1024 (or None: each request's "
+                             "own bound).")
         if self.http_client not in ("aiohttp", "openai"):
             raise ValueError("http_client must be 'aiohttp' (lean, default) or 'openai'.")
 

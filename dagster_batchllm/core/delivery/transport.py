@@ -8,7 +8,12 @@ Two interchangeable transports send the same pre-serialized body:
   behaviour satisfies.
 
 Both raise the typed errors of :mod:`dagster_batchllm.core.errors`; neither retries (that is the
-retry policy's job) and neither ever puts the API key in a message.
+retry policy's job). Every text of the server's that an error keeps (its body, the message of
+an exception raised while talking to it, a reply that could not be read) passes the call's
+:class:`~dagster_batchllm.core.redaction.Redactor` as the error is made, so no API key (and no
+``Bearer`` value) a server echoes reaches a row, the ledger or a log. Both read a reply no
+further than its bound (:mod:`.reply_size`): a longer one fails its row with
+``response_too_large``, the connection closed.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -27,10 +33,12 @@ from ..errors import (
     ErrorType,
     InferenceConfigError,
     MalformedResponseError,
-    classify_http_error,
+    RowError,
 )
+from ..redaction import Redactor, server_error
 from ..run.prompts import RowRequest
 from ..settings import EndpointSpec
+from .reply_size import ReplyBound, read_bounded, reading, response_hook
 
 
 @dataclass(slots=True)
@@ -51,6 +59,7 @@ class Completion:
 
 CHAT_ROUTE = "/chat/completions"
 EMBEDDINGS_ROUTE = "/embeddings"
+_WORD_END = re.compile(rb"[^\s\"',;}\]]{0,400}")
 
 
 #: How a 200 reply's bytes become a Completion (``parse_completion`` for chat).
@@ -94,7 +103,10 @@ def json_reply(raw: bytes, endpoint: str) -> Any:
     try:
         return json.loads(raw)
     except ValueError:
-        snippet = raw[:120].decode("utf-8", "replace")
+        # Cut after the word at 120 bytes, not in it: a key there is quoted whole, so the
+        # redaction the transport applies to this message finds it.
+        snippet = raw[:120] + _WORD_END.match(raw, 120).group()
+        snippet = snippet.decode("utf-8", "replace")
         raise MalformedResponseError(
             f"endpoint '{endpoint}' answered 200 with a body that is not JSON: {snippet!r}"
         ) from None
@@ -157,6 +169,28 @@ def _connection_error(endpoint: str, exc: BaseException, *, unreachable: bool = 
     )
 
 
+def _read_reply(parse: ReplyParser, redact: Redactor, raw: bytes, endpoint: str,
+                latency_s: float) -> Completion:
+    """``parse(raw)``, its errors redacted (they may quote the reply). A parser that fails on
+    the reply's shape in a way it did not foresee (a field of another type) fails the row as a
+    malformed reply, not as this library's error."""
+    try:
+        return parse(raw, endpoint=endpoint, latency_s=latency_s)
+    except RowError as exc:
+        raise redact.error(exc) from None
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+        raise MalformedResponseError(redact(
+            f"endpoint '{endpoint}' answered 200 with a reply that cannot be read: "
+            f"{type(exc).__name__}: {exc}"[:400])) from None
+
+
+def _status_error(redact: Redactor, status: int, body: bytes, headers: Any, endpoint: str,
+                  url: str) -> EndpointError:
+    """A non-200 reply's error, redacted (see :func:`..redaction.server_error`)."""
+    return server_error(redact, status, body.decode("utf-8", "replace"), endpoint=endpoint,
+                        retry_after_s=parse_retry_after(headers), url=url)
+
+
 def _timeout_error(endpoint: str, timeout_s: float) -> EndpointError:
     return EndpointError(
         f"endpoint '{endpoint}' did not answer within {timeout_s:g} s",
@@ -167,17 +201,22 @@ def _timeout_error(endpoint: str, timeout_s: float) -> EndpointError:
 class AiohttpTransport:
     """One keep-alive connection pool per endpoint, sized to its ``max_concurrency``."""
 
-    def __init__(self, *, timeout_s: float):
+    def __init__(self, *, timeout_s: float, max_reply_bytes: int | None = None):
         self._timeout_s = timeout_s
+        self._max_reply_bytes = max_reply_bytes
         self._sessions: dict[str, Any] = {}
         self._urls: dict[str, str] = {}  # built once: a URL per request would cost a string
         self._parse: ReplyParser = parse_completion
+        self._redact = Redactor()
+        self._bound = ReplyBound(CHAT_ROUTE, max_reply_bytes)
 
     async def open(self, endpoints: tuple[EndpointSpec, ...], route: str = CHAT_ROUTE,
                    parse: ReplyParser | None = None) -> None:
         import aiohttp
 
         self._parse = parse or parse_completion
+        self._redact = Redactor.of(endpoints)
+        self._bound = ReplyBound(route, self._max_reply_bytes)
         for spec in endpoints:
             self._urls[spec.name] = spec.base_url.rstrip("/") + route
             headers = {"Content-Type": "application/json"}
@@ -197,24 +236,21 @@ class AiohttpTransport:
         started = time.perf_counter()
         try:
             async with session.post(self._urls[endpoint.name], data=request.body) as response:
-                raw = await response.read()
+                raw = await read_bounded(response, request, self._bound, endpoint.name)
                 status = response.status
                 headers = response.headers
         except asyncio.TimeoutError:
             raise _timeout_error(endpoint.name, self._timeout_s) from None
         except aiohttp.ClientConnectorError as exc:  # refused, DNS, TLS: nothing was sent
-            raise _connection_error(endpoint.name, exc, unreachable=True,
-                                    reason=_connect_failure(exc)) from None
+            raise self._redact.error(_connection_error(
+                endpoint.name, exc, unreachable=True, reason=_connect_failure(exc))) from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise _connection_error(endpoint.name, exc) from None
+            raise self._redact.error(_connection_error(endpoint.name, exc)) from None
         latency = time.perf_counter() - started
         if status != 200:
-            raise classify_http_error(
-                status, raw.decode("utf-8", "replace"),
-                retry_after_s=parse_retry_after(headers), endpoint=endpoint.name,
-                url=self._urls[endpoint.name],
-            )
-        return self._parse(raw, endpoint=endpoint.name, latency_s=latency)
+            raise _status_error(self._redact, status, raw, headers, endpoint.name,
+                                self._urls[endpoint.name])
+        return _read_reply(self._parse, self._redact, raw, endpoint.name, latency)
 
     async def close(self) -> None:
         sessions, self._sessions = self._sessions, {}
@@ -225,11 +261,14 @@ class AiohttpTransport:
 class OpenAITransport:
     """The official ``openai.AsyncOpenAI`` client, retries off, reply read raw."""
 
-    def __init__(self, *, timeout_s: float):
+    def __init__(self, *, timeout_s: float, max_reply_bytes: int | None = None):
         self._timeout_s = timeout_s
+        self._max_reply_bytes = max_reply_bytes
         self._clients: dict[str, Any] = {}
         self._embeddings, self._route = False, CHAT_ROUTE
         self._parse: ReplyParser = parse_completion
+        self._redact = Redactor()
+        self._bound = ReplyBound(CHAT_ROUTE, max_reply_bytes)
 
     async def open(self, endpoints: tuple[EndpointSpec, ...], route: str = CHAT_ROUTE,
                    parse: ReplyParser | None = None) -> None:
@@ -242,7 +281,10 @@ class OpenAITransport:
                 "use http_client='aiohttp'")
         self._embeddings, self._route = route == EMBEDDINGS_ROUTE, route
         self._parse = parse or parse_completion
+        self._redact = Redactor.of(endpoints)
+        self._bound = ReplyBound(route, self._max_reply_bytes)
         httpx = openai_http_library()
+        hooks = {"response": [response_hook(httpx)]}
         for spec in endpoints:
             self._clients[spec.name] = openai.AsyncOpenAI(
                 base_url=spec.base_url,
@@ -253,6 +295,8 @@ class OpenAITransport:
                     limits=httpx.Limits(max_connections=spec.max_concurrency,
                                         max_keepalive_connections=spec.max_concurrency),
                     timeout=self._timeout_s,
+                    # Bodies as sent, so the hook counts the size the reply has in memory.
+                    headers={"Accept-Encoding": "identity"}, event_hooks=hooks,
                 ),
             )
 
@@ -264,21 +308,23 @@ class OpenAITransport:
         started = time.perf_counter()
         api = client.embeddings if self._embeddings else client.chat.completions
         try:
-            raw = await api.with_raw_response.create(**payload)
+            with reading(request, self._bound, endpoint.name):
+                raw = await api.with_raw_response.create(**payload)
         except openai.APITimeoutError:
             raise _timeout_error(endpoint.name, self._timeout_s) from None
         except openai.APIStatusError as exc:
-            raise classify_http_error(
-                exc.status_code, exc.response.text,
-                retry_after_s=parse_retry_after(exc.response.headers), endpoint=endpoint.name,
-                url=endpoint.base_url.rstrip("/") + self._route,
-            ) from None
+            raise _status_error(self._redact, exc.status_code, exc.response.content,
+                                exc.response.headers, endpoint.name,
+                                endpoint.base_url.rstrip("/") + self._route) from None
         except openai.APIConnectionError as exc:
             cause = exc.__cause__ or exc
-            raise _connection_error(endpoint.name, cause,
-                                    unreachable=_never_connected(cause)) from None
+            if isinstance(cause, RowError):  # the reply's bound, raised inside the client
+                raise cause from None
+            raise self._redact.error(_connection_error(
+                endpoint.name, cause, unreachable=_never_connected(cause))) from None
         latency = time.perf_counter() - started
-        return self._parse(raw.http_response.content, endpoint=endpoint.name, latency_s=latency)
+        return _read_reply(self._parse, self._redact, raw.http_response.content, endpoint.name,
+                           latency)
 
     async def close(self) -> None:
         clients, self._clients = self._clients, {}
@@ -323,7 +369,9 @@ def openai_http_library() -> Any:
     return httpx
 
 
-def make_transport(kind: str, *, timeout_s: float) -> Transport:
+def make_transport(kind: str, *, timeout_s: float,
+                   max_reply_bytes: int | None = None) -> Transport:
+    """``max_reply_bytes``: the setting of that name (None: each request's own bound)."""
     if kind == "openai":
-        return OpenAITransport(timeout_s=timeout_s)
-    return AiohttpTransport(timeout_s=timeout_s)
+        return OpenAITransport(timeout_s=timeout_s, max_reply_bytes=max_reply_bytes)
+    return AiohttpTransport(timeout_s=timeout_s, max_reply_bytes=max_reply_bytes)

@@ -33,8 +33,8 @@ from ...errors import (
     ErrorType,
     InferenceConfigError,
     RowError,
-    classify_http_error,
 )
+from ...redaction import Redactor, server_error
 from ...settings import EndpointSpec
 from ..transport import CHAT_ROUTE
 from .anthropic_messages import (
@@ -44,7 +44,7 @@ from .anthropic_messages import (
     message_answer,
     messages_params,
 )
-from .lines import AnswerBlock, line_blocks
+from .lines import AnswerBlock, line_blocks, oversized_error
 from .protocol_types import BatchStatus, LineResult, http_client
 
 #: Anthropic's bounds on one batch (requests, bytes of the create call's body).
@@ -126,6 +126,7 @@ class AnthropicBatchProtocol:
                 "anthropic package: pip install 'dagster-batchllm[anthropic]'") from exc
 
         self.endpoint = endpoint
+        self.redact = Redactor.of([endpoint])
         # No retries of the client's own: a create retried after a dropped connection could
         # make a second batch (see find).
         self.client = anthropic.Anthropic(
@@ -232,6 +233,10 @@ class AnthropicBatchProtocol:
                 for raw in block:
                     line = json.loads(raw)
                     key, _tag = key_of(str(line.get("custom_id") or ""))
+                    too_large = oversized_error(line, self.endpoint.name)
+                    if too_large is not None:
+                        others.append(LineResult(key, None, too_large))
+                        continue
                     result = line.get("result") or {}
                     if result.get("type") == "succeeded":
                         message = result.get("message")
@@ -255,19 +260,20 @@ class AnthropicBatchProtocol:
         if kind in ("expired", "canceled"):  # never processed, not billed: "missing"
             message = ("the batch expired before this request was processed" if kind ==
                        "expired" else "the batch was canceled before this request was processed")
-            error = classify_http_error(408, json.dumps({"error": {"message": message}}),
-                                        retry_after_s=None, endpoint=self.endpoint.name)
+            error = server_error(self.redact, 408, json.dumps({"error": {"message": message}}),
+                                 endpoint=self.endpoint.name)
             return LineResult(key, None, error, expired=True)
         if kind != "errored":
             return LineResult(key, None, RowError(
-                f"batch result of unknown type {kind!r}", error_type=ErrorType.MALFORMED_RESPONSE))
+                self.redact(f"batch result of unknown type {kind!r}"[:300]),
+                error_type=ErrorType.MALFORMED_RESPONSE))
         body = result.get("error") if isinstance(result.get("error"), dict) else {}
         inner = body.get("error") if isinstance(body.get("error"), dict) else body
         status = _STATUS.get(str(inner.get("type")), 500)
-        return LineResult(key, None, classify_http_error(
-            status, json.dumps({"error": {"message": str(inner.get("message") or kind),
-                                          "code": inner.get("type")}}),
-            retry_after_s=None, endpoint=self.endpoint.name))
+        return LineResult(key, None, server_error(
+            self.redact, status, json.dumps({"error": {
+                "message": str(inner.get("message") or kind), "code": inner.get("type")}}),
+            endpoint=self.endpoint.name))
 
     def cancel(self, batch_id: str) -> None:
         self.client.messages.batches.cancel(batch_id)
@@ -276,18 +282,17 @@ class AnthropicBatchProtocol:
         """A failed create as the row error of its lines."""
         anthropic, name = self._anthropic, self.endpoint.name
         if isinstance(exc, anthropic.APIStatusError):
-            return classify_http_error(exc.status_code, exc.response.text, retry_after_s=None,
-                                       endpoint=name)
+            return server_error(self.redact, exc.status_code, exc.response.text, endpoint=name)
         if isinstance(exc, anthropic.APITimeoutError):
             return EndpointError(f"timeout submitting a batch to '{name}'",
                                  error_type=ErrorType.TIMEOUT, retryable=True, endpoint=name)
         if isinstance(exc, anthropic.APIConnectionError):
-            return EndpointError(
+            return self.redact.error(EndpointError(
                 f"cannot connect to '{name}' at {self.endpoint.base_url} to submit a batch: "
-                f"{exc}", error_type=ErrorType.CONNECTION_ERROR, retryable=True, endpoint=name)
-        return EndpointError(f"submitting a batch to '{name}' failed: {type(exc).__name__}: "
-                             f"{exc}", error_type=ErrorType.SERVER_ERROR, retryable=True,
-                             endpoint=name)
+                f"{exc}", error_type=ErrorType.CONNECTION_ERROR, retryable=True, endpoint=name))
+        return self.redact.error(EndpointError(
+            f"submitting a batch to '{name}' failed: {type(exc).__name__}: {exc}",
+            error_type=ErrorType.SERVER_ERROR, retryable=True, endpoint=name))
 
 
 def _request_body(handle: Any, tag: str) -> Iterator[bytes]:

@@ -33,6 +33,7 @@ from itertools import starmap
 from typing import Any
 
 from ...errors import ErrorType, RowError
+from ...redaction import Redactor
 from .book import (
     COLLECTED,
     COLLECTING,
@@ -98,9 +99,10 @@ class BatchCollector:
                 rows.append(self._refresh_one(row))
             except Exception as exc:  # a poll that fails is tried again at the next one
                 name = row["batch_id"] or row["submission_id"]
+                # (the provider's error text may quote the key: redacted, as its errors are)
+                said = self.protocols[row["endpoint"]].redact.describe(exc)
                 self.log.warning(f"batchllm: checking batch {name} on '{row['endpoint']}' "
-                                 f"failed: {type(exc).__name__}: "
-                                 f"{str(exc)[:300]}; checked again at the next poll")
+                                 f"failed: {said}; checked again at the next poll")
                 rows.append(row)
         if wanted is not None:  # those collected or refused meanwhile, by us or another run
             seen = {r["submission_id"] for r in rows}
@@ -202,7 +204,7 @@ class BatchCollector:
                 if not in_hand:
                     outcomes.extend(starmap(_ok_line, zip(*result, strict=True)))
             elif _read_line(result, read, endpoint, outcomes, held if hold else None,
-                            in_hand):
+                            in_hand, protocol.redact):
                 ok += 1
             elif not result.expired:  # expired: "missing", marked below
                 failed += 1
@@ -312,15 +314,16 @@ def _ok_line(key: str, content: str, prompt: int, completion: int, reason: str |
 
 
 def _read_line(result: LineResult, read: Any, endpoint: str, outcomes: list[tuple],
-               held: list[tuple] | None, in_hand: bool) -> bool:
+               held: list[tuple] | None, in_hand: bool, redact: Redactor) -> bool:
     """One result line into its outcome (an answer held, and written unless ``in_hand``; a
-    failure written; nothing for an expired line); whether it was answered."""
+    failure written, its text redacted where it quotes the reply; nothing for an expired
+    line); whether it was answered."""
     error = result.error
     if error is None:
         try:
             answer = read(result.reply, endpoint=endpoint, latency_s=0.0)
         except RowError as exc:  # a 200 that is no completion: the row fails with it, as
-            error = exc  # when a pass read the reply (it is not asked again)
+            error = redact.error(exc)  # when a pass read the reply (it is not asked again)
         else:
             found = (result.request_key, answer.content, answer.prompt_tokens,
                      answer.completion_tokens, answer.finish_reason, answer.cached_tokens)

@@ -8,35 +8,88 @@ of lines with Arrow's JSON reader (in C++) and hands those fields on as columns 
 the usual answer of a chat completion (another status, an error line, no text, or fields of
 types that vary), that line is left to the per-line reader, which says why it is not an
 answer; where Arrow cannot read the block at all, every line of it is.
+
+A line is one reply, so it is bound as an online reply is (:mod:`..reply_size`): a line
+longer than :data:`MAX_LINE_BYTES` is not kept; :func:`line_blocks` drops it while reading
+and hands on a short line in its place, ``{"custom_id": ..., "batchllm_oversized": <bytes>}``,
+which each protocol's per-line reader turns into that row's ``response_too_large``
+(:func:`oversized_error`).
 """
 
 from __future__ import annotations
 
 import io
+import json
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
+from ...errors import EndpointError, ErrorType
+from ..reply_size import CHAT_REPLY_CAP, ENVELOPE_BYTES
+
 #: Lines parsed at once: a few MB of replies, so memory stays flat in the file's size.
 BLOCK_LINES = 8192
+#: The longest result line kept: the most a chat reply may be by default, and its wrapping
+#: (an embeddings line holds one vector, far less).
+MAX_LINE_BYTES = CHAT_REPLY_CAP + ENVELOPE_BYTES
+#: Of a line too long, the head kept to find its custom_id in.
+_HEAD_BYTES = 4096
+_CUSTOM_ID = re.compile(rb'"custom_id"\s*:\s*"([^"\\]{1,256})"')
+OVERSIZED = "batchllm_oversized"
 
 
-def line_blocks(chunks: Iterable[bytes], block_lines: int = BLOCK_LINES
-                ) -> Iterator[list[bytes]]:
+def line_blocks(chunks: Iterable[bytes], block_lines: int = BLOCK_LINES,
+                max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[list[bytes]]:
     """The non-blank lines of a byte stream, ``block_lines`` at a time (the last block
-    shorter); a final line without a newline is a line."""
+    shorter); a final line without a newline is a line. A line longer than ``max_line_bytes``
+    is dropped as it is read (never held whole) and its place taken by its oversized marker
+    (see the module)."""
     block: list[bytes] = []
     rest = b""
+    dropping = 0  # bytes of the line being dropped so far (0: none is)
     for chunk in chunks:
+        if dropping:
+            end = chunk.find(b"\n")
+            if end < 0:
+                dropping += len(chunk)
+                continue
+            block.append(_oversized(rest, dropping + end))
+            rest, dropping, chunk = b"", 0, chunk[end + 1:]
         parts = (rest + chunk).split(b"\n")
         rest = parts.pop()
-        block.extend(p for p in parts if p.strip())
+        block.extend(p if len(p) <= max_line_bytes else _oversized(p[:_HEAD_BYTES], len(p))
+                     for p in parts if p.strip())
+        if len(rest) > max_line_bytes:
+            dropping, rest = len(rest), rest[:_HEAD_BYTES]
         while len(block) >= block_lines:
             yield block[:block_lines]
             block = block[block_lines:]
-    if rest.strip():
+    if dropping:
+        block.append(_oversized(rest, dropping))
+    elif rest.strip():
         block.append(rest)
     if block:
         yield block
+
+
+def _oversized(head: bytes, size: int) -> bytes:
+    """The line that stands for a dropped one: its custom_id (where its head has one) and
+    its size."""
+    found = _CUSTOM_ID.search(head)
+    key = json.dumps(found.group(1).decode("utf-8", "replace")) if found else "null"
+    return b'{"custom_id":%s,"%s":%d}' % (key.encode(), OVERSIZED.encode(), size)
+
+
+def oversized_error(line: dict[str, Any], endpoint: str) -> EndpointError | None:
+    """The row error of a line :func:`line_blocks` dropped for its size; None for another."""
+    size = line.get(OVERSIZED)
+    if size is None:
+        return None
+    return EndpointError(
+        f"the batch result line of endpoint '{endpoint}' has {size:,} bytes, over the bound "
+        f"of {MAX_LINE_BYTES:,} bytes a line (one reply) may have: not kept; check that the "
+        "provider honours max_tokens", error_type=ErrorType.RESPONSE_TOO_LARGE,
+        retryable=False, endpoint=endpoint)
 
 
 class AnswerBlock(NamedTuple):

@@ -8,7 +8,10 @@ picks one (:func:`protocol_for`). Every call is blocking and few (one upload and
 per batch, one retrieve per poll): the delivery runs them on a thread, with the provider's
 official client.
 
-Each line's ``custom_id`` is its request key, so the results tie back to table rows.
+Each line's ``custom_id`` is its request key, so the results tie back to table rows. What a
+provider says of a failure (a line's error, a batch's errors, a refused call) passes the
+protocol's :attr:`~BatchProtocol.redact` (the endpoint's key and the ``Bearer`` forms masked:
+see :mod:`...redaction`) before it is kept or logged.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
-from ...errors import RowError, classify_http_error
+from ...errors import RowError
+from ...redaction import Redactor, server_error
 from ...settings import EndpointSpec
 from ..transport import CHAT_ROUTE
 from .anthropic import AnthropicBatchProtocol, config_problem
-from .lines import AnswerBlock, chat_answer_block, line_blocks
+from .lines import AnswerBlock, chat_answer_block, line_blocks, oversized_error
 from .protocol_types import BatchStatus, LineResult, http_client
 
 #: Metadata key under which a batch carries its submission id, so a run that crashed between
@@ -33,6 +37,8 @@ _CHUNK_BYTES = 1 << 20  # read from the result file at once
 
 class BatchProtocol(Protocol):
     provider: str
+    #: Masks the endpoint's key in what the provider says (errors kept, exceptions logged).
+    redact: Redactor
 
     def line(self, key: str, route: str, body: bytes) -> bytes | RowError:
         """One request line (ending in a newline) for a request body already serialized; or
@@ -70,6 +76,7 @@ class OpenAIBatchProtocol:
         import openai
 
         self.endpoint = endpoint
+        self.redact = Redactor.of([endpoint])
         # No retries of the client's own: a create retried after a dropped connection could
         # make a second batch. Lost replies are recovered by :meth:`find` instead.
         self.client = openai.OpenAI(base_url=endpoint.base_url,
@@ -107,8 +114,9 @@ class OpenAIBatchProtocol:
         counts = batch.request_counts
         errors = None
         if batch.errors is not None and batch.errors.data:
-            errors = "; ".join(f"{e.code}: {e.message}" + (f" (line {e.line})" if e.line else "")
-                               for e in batch.errors.data[:5])
+            errors = self.redact("; ".join(
+                f"{e.code}: {e.message}" + (f" (line {e.line})" if e.line else "")
+                for e in batch.errors.data[:5]))
         return BatchStatus(
             batch_id=batch.id, status=batch.status,
             ended=batch.status in ("completed", "expired", "cancelled", "failed"),
@@ -135,22 +143,25 @@ class OpenAIBatchProtocol:
     def _read_line(self, raw: bytes | str) -> LineResult:
         line = json.loads(raw)
         key = line["custom_id"]
+        too_large = oversized_error(line, self.endpoint.name)
+        if too_large is not None:
+            return LineResult(key, None, too_large)
         response = line.get("response")
         if response is not None and response.get("status_code") == 200:
             return LineResult(key, response.get("body"), None)
         if response is not None:
             body = response.get("body")
-            return LineResult(key, None, classify_http_error(
-                int(response.get("status_code") or 500),
+            return LineResult(key, None, server_error(
+                self.redact, int(response.get("status_code") or 500),
                 body if isinstance(body, str) else json.dumps(body),
-                retry_after_s=None, endpoint=self.endpoint.name))
+                endpoint=self.endpoint.name))
         error = line.get("error") or {}
         code = str(error.get("code") or "")
         message = str(error.get("message") or "the line has no response")
         expired = code == "batch_expired"
-        exc = classify_http_error(408 if expired else 500,
-                                  json.dumps({"error": {"message": message, "code": code}}),
-                                  retry_after_s=None, endpoint=self.endpoint.name)
+        exc = server_error(self.redact, 408 if expired else 500,
+                           json.dumps({"error": {"message": message, "code": code}}),
+                           endpoint=self.endpoint.name)
         return LineResult(key, None, exc, expired=expired)
 
     def cancel(self, batch_id: str) -> None:
@@ -162,20 +173,20 @@ class OpenAIBatchProtocol:
 
         openai = self._openai
         if isinstance(exc, openai.APIStatusError):
-            return classify_http_error(exc.status_code, exc.response.text, retry_after_s=None,
-                                       endpoint=self.endpoint.name)
+            return server_error(self.redact, exc.status_code, exc.response.text,
+                                endpoint=self.endpoint.name)
         if isinstance(exc, openai.APITimeoutError):
             return EndpointError(f"timeout submitting a batch to '{self.endpoint.name}'",
                                  error_type=ErrorType.TIMEOUT, retryable=True,
                                  endpoint=self.endpoint.name)
         if isinstance(exc, openai.APIConnectionError):
-            return EndpointError(
+            return self.redact.error(EndpointError(
                 f"cannot connect to '{self.endpoint.name}' at {self.endpoint.base_url} to "
                 f"submit a batch: {exc}", error_type=ErrorType.CONNECTION_ERROR,
-                retryable=True, endpoint=self.endpoint.name)
-        return EndpointError(f"submitting a batch to '{self.endpoint.name}' failed: "
-                             f"{type(exc).__name__}: {exc}", error_type=ErrorType.SERVER_ERROR,
-                             retryable=True, endpoint=self.endpoint.name)
+                retryable=True, endpoint=self.endpoint.name))
+        return self.redact.error(EndpointError(
+            f"submitting a batch to '{self.endpoint.name}' failed: {type(exc).__name__}: {exc}",
+            error_type=ErrorType.SERVER_ERROR, retryable=True, endpoint=self.endpoint.name))
 
 
 def protocol_for(endpoint: EndpointSpec) -> BatchProtocol:
