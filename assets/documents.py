@@ -24,6 +24,7 @@ import pandas as pd
 from pydantic import Field
 
 from dagster_batchllm import build_inference_asset
+from dagster_batchllm.core.file_policy import FilePolicy
 from dagster_batchllm.core.tasks.chat.images import DEFAULT_MAX_IMAGE_BYTES, image_parts
 from dagster_batchllm.documents import DocumentError, parse_document
 from resources.warehouse import DEFAULT_DATA_DIR
@@ -133,8 +134,11 @@ def _messages(texts: list[str], images: list[str]) -> list[dict]:
     text = "Invoice:\n\n" + "\n\n".join(texts) if texts else "Invoice (scanned pages):"
     if not images:
         return [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": text}]
+    # invoice_pages wrote these page images itself, wherever its folder is: read them as the
+    # code's own paths (any folder, regular files only), not as cells of someone else's table.
     parts = [p.part for path in images
-             for p in image_parts(path, "image_path", "auto", DEFAULT_MAX_IMAGE_BYTES)]
+             for p in image_parts(path, "image_path", "auto", DEFAULT_MAX_IMAGE_BYTES,
+                                  policy=FilePolicy.any_path())]
     return [{"role": "system", "content": INSTRUCTIONS},
             {"role": "user", "content": [{"type": "text", "text": text}, *parts]}]
 

@@ -126,6 +126,8 @@ class BatchInferenceResource(dg.ConfigurableResource):
                                                     "endpoint_unreachable_after_s")
     ledger_outage_s: float = declared(InferenceSettings, "ledger_outage_s")
     ledger_statement_timeout_s: float = declared(InferenceSettings, "ledger_statement_timeout_s")
+    files_roots: list[str] = declared(InferenceSettings, "files_roots")
+    allow_image_urls: bool = declared(InferenceSettings, "allow_image_urls")
     max_reply_bytes: int | None = declared(InferenceSettings, "max_reply_bytes")
 
     _client: InferenceClient | None = PrivateAttr(default=None)

@@ -82,6 +82,12 @@ class InvalidInputError(RowError):
     error_type = ErrorType.INVALID_INPUT
 
 
+class FileRefusedError(InvalidInputError):
+    """A path cell the file policy does not read (:mod:`.file_policy`): outside ``files_roots``,
+    missing, not a regular file, too large or unreadable. The message names the path and the
+    reason, without the column (the caller adds it), and never quotes the file's bytes."""
+
+
 class ContextLengthExceededError(RowError):
     error_type = ErrorType.CONTEXT_LENGTH_EXCEEDED
 

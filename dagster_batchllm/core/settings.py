@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from dataclasses import MISSING, dataclass, field
 from typing import Any
 
@@ -241,6 +242,14 @@ class InferenceSettings:
         "Seconds a ledger database server may leave a statement unanswered before the "
         "connection is closed and the statement retried (a connection can stay open with "
         "nothing behind it; SQLite files have no such wait).", 30.0)
+    files_roots: tuple[str, ...] = described(
+        "The folders a path cell (images=, SQL files =>, ai_parse_document) may name a file "
+        "under; a path outside them (after resolving '..' and symlinks), a directory, a FIFO "
+        "or a device is that row's invalid_input error, never opened. Empty: the working "
+        "directory when the call starts.", ())
+    allow_image_urls: bool = described(
+        "Pass http(s) image URLs in image cells on to the model server (which fetches them); "
+        "False: such a cell is that row's invalid_input error.", True)
     max_reply_bytes: int | None = described(
         "Largest reply body read from an endpoint, in bytes; a longer one is refused while it "
         "is read (the connection closed) and its row fails with response_too_large. None: "
@@ -273,6 +282,11 @@ class InferenceSettings:
                              "own bound).")
         if self.http_client not in ("aiohttp", "openai"):
             raise ValueError("http_client must be 'aiohttp' (lean, default) or 'openai'.")
+        if isinstance(self.files_roots, str | bytes):
+            raise ValueError("files_roots is a list of folders, e.g. files_roots=['/data/scans'].")
+        # Folders given as paths or a list are kept as a tuple of text (settings are frozen).
+        object.__setattr__(self, "files_roots", tuple(os.fsdecode(os.fspath(root))
+                                                      for root in self.files_roots))
 
     @property
     def models(self) -> frozenset[str]:

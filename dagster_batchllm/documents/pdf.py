@@ -4,7 +4,9 @@ A scanned page has no text layer: its ``text`` is ``""`` and only its image says
 (send the images to a vision model: ``infer(..., images="pages")``). An encrypted PDF that the
 empty password does not open, a file that is not a PDF, or a corrupt one raises
 :class:`DocumentError` with pdfium's reason; the SQL function and ``infer`` turn it into that
-row's error.
+row's error. A path is read through a file policy (:mod:`dagster_batchllm.core.file_policy`): a
+regular file, never a FIFO or a device; a path from a table cell (``ai_parse_document``) only
+under ``files_roots``. No error quotes the file's bytes.
 
 The PNG encoder is here (zlib over the raw RGB rows) so that no imaging library is needed.
 """
@@ -17,6 +19,9 @@ import threading
 import zlib
 from dataclasses import dataclass
 from typing import Any
+
+from ..core.errors import FileRefusedError
+from ..core.file_policy import FilePolicy
 
 DEFAULT_SCALE = 1.0  # 72 dpi: a US Letter page renders to 612 x 792 pixels
 PDF_SIGNATURE = b"%PDF-"
@@ -41,17 +46,20 @@ class Page:
 
 
 def parse_document(content_or_path: bytes | str | os.PathLike, *, render: bool = True,
-                   scale: float = DEFAULT_SCALE, password: str | None = None) -> list[Page]:
+                   scale: float = DEFAULT_SCALE, password: str | None = None,
+                   policy: FilePolicy | None = None) -> list[Page]:
     """The pages of a PDF given as its bytes or a file path.
 
     ``render=False`` skips the page images (the text layer only, much faster); ``width`` and
-    ``height`` are then the page size in pixels at ``scale`` all the same.
+    ``height`` are then the page size in pixels at ``scale`` all the same. ``policy`` says
+    which paths may be read: by default any regular file (the caller names the path; a path
+    from a table should pass ``FilePolicy.of(settings)``, as ``ai_parse_document`` does).
     """
     import pypdfium2
 
     if not scale > 0:
         raise ValueError(f"scale must be positive, got {scale!r}")
-    source = _read(content_or_path)
+    source = _read(content_or_path, policy if policy is not None else FilePolicy.any_path())
     with _PDFIUM_LOCK:
         try:
             document = pypdfium2.PdfDocument(source, password=password)
@@ -65,25 +73,22 @@ def parse_document(content_or_path: bytes | str | os.PathLike, *, render: bool =
             document.close()
 
 
-def _read(content_or_path: Any) -> bytes:
+def _read(content_or_path: Any, policy: FilePolicy) -> bytes:
     if isinstance(content_or_path, memoryview | bytearray):
         content_or_path = bytes(content_or_path)
     if isinstance(content_or_path, bytes):
         content = content_or_path
     elif isinstance(content_or_path, str | os.PathLike):
-        path = os.fspath(content_or_path)
         try:
-            with open(path, "rb") as handle:
-                content = handle.read()
-        except FileNotFoundError:
-            raise DocumentError(f"file {path!r} does not exist") from None
-        except OSError as exc:
-            raise DocumentError(f"file {path!r} cannot be read ({exc.strerror})") from None
+            content = policy.read(content_or_path)
+        except FileRefusedError as exc:
+            raise DocumentError(exc.message) from None
     else:
         raise DocumentError(
             f"a document is its bytes or a file path, got a {type(content_or_path).__name__}")
     if not content.lstrip()[:5] == PDF_SIGNATURE:
-        raise DocumentError(f"not a PDF (starts {content[:8]!r}); only PDF is supported")
+        # Its first bytes are not shown: a path cell may name anyone's file.
+        raise DocumentError("not a PDF (it does not start with %PDF-); only PDF is supported")
     return content
 
 

@@ -98,7 +98,7 @@ def register_ai_functions(spark: Any, resource_or_settings: Any, *,
     ai.sql_builder = builder  # Spark's registry holds only a py4j proxy of it
     ai.function_builders = functions.register(spark, ai, job)  # kept alive for the same reason
     ai.function_builders.update(aggregates.register(spark, ai))  # ai_agg, ai_summarize_agg
-    documents.register_parse_document(spark)
+    documents.register_parse_document(spark, ai.settings)
     return ai.activate()
 
 

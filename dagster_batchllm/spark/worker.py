@@ -39,6 +39,7 @@ from ..ai_functions.documents import parse_document_value
 from ..ai_functions.outcomes import AIQueryError, with_error
 from ..core.client import InferenceClient
 from ..core.errors import DeferredError, ErrorType, RowError
+from ..core.file_policy import FilePolicy, under_policy
 from ..core.run.prompts import iter_row_requests, row_tuples
 from ..core.settings import InferenceSettings
 from ..core.tasks.chat.call import InferenceCall
@@ -223,8 +224,9 @@ def _reservations(client: InferenceClient, frame: pd.DataFrame,
     rows = row_tuples(frame[spec.input_columns()])
     seen: set[str] = set()
     total = largest = 0
-    for item in iter_row_requests(rows, spec,
-                                  default_max_tokens=client.settings.default_max_tokens):
+    # Image paths are read as the call's own rendering reads them (files_roots).
+    for item in under_policy(FilePolicy.of(client.settings), iter_row_requests(
+            rows, spec, default_max_tokens=client.settings.default_max_tokens)):
         if isinstance(item, RowError) or item.key in seen:
             continue
         seen.add(item.key)
@@ -374,8 +376,9 @@ def column_function(job: SparkJob, struct: bool):
     return ai_query_col
 
 
-def parse_documents(content: pd.Series) -> pd.DataFrame:
-    """The body of Spark's ``ai_parse_document``: one Arrow batch of PDFs (bytes or paths)."""
+def parse_documents(content: pd.Series, settings: Any = None) -> pd.DataFrame:
+    """The body of Spark's ``ai_parse_document``: one Arrow batch of PDFs (bytes or paths, read
+    as ``settings``' file policy allows)."""
     fields = ("page_count", "pages", "text", "error")
     parsed = []
     for value in content.tolist():
@@ -386,7 +389,7 @@ def parse_documents(content: pd.Series) -> pd.DataFrame:
                 f"content must be BINARY (the PDF) or a STRING (its path), got "
                 f"{type(value).__name__}")}
         else:
-            value = parse_document_value(value)
+            value = parse_document_value(value, settings)
         parsed.append(value or dict.fromkeys(fields))  # NULL in: NULL fields
     return pd.DataFrame({name: [row[name] for row in parsed] for name in fields})
 

@@ -118,7 +118,7 @@ class DuckDBFunctions:
                             side_effects=True)
         for function in FUNCTIONS.values():
             con.execute(macro_sql(function, typed_by_endpoint=bool(embedding_models)))
-        install_parse_document(con)
+        install_parse_document(con, self.runtime.client.settings)
 
     def execute(self, query: str, parameters: Any = None) -> Any:
         """Run one statement; DuckDB already batches, so this is ``connection.execute``.
@@ -201,13 +201,17 @@ class DuckDBFunctions:
         return pa.array(out, type=pa.string())
 
 
-def install_parse_document(con: Any) -> None:
+def install_parse_document(con: Any, settings: Any = None) -> None:
     """``ai_parse_document(content)``: no model, so a plain scalar UDF (pdfium is serialized
     in-process anyway). The macro picks the BLOB or the path function by the argument's type;
-    DuckDB evaluates only the CASE branch a row takes."""
+    DuckDB evaluates only the CASE branch a row takes. Paths follow ``settings``' file policy."""
     result = documents.PARSED_DOCUMENT.duckdb_type()
+
+    def parse(content: Any) -> Any:
+        return documents.parse_document_value(content, settings)
+
     for name, kind in ((PARSE_BLOB_UDF, "BLOB"), (PARSE_PATH_UDF, "VARCHAR")):
-        con.create_function(name, documents.parse_document_value, [kind], result,
+        con.create_function(name, parse, [kind], result,
                             null_handling="special", side_effects=False)
     con.execute(
         f"CREATE OR REPLACE TEMP MACRO {documents.NAME}(content) AS CASE "

@@ -90,8 +90,9 @@ class SQLiteFunctions:
             self.connection.create_function(function.name, -1, partial(self._scalar, function),
                                             deterministic=True)
         # No model, so a plain per-row function (no collect pass): JSON text, as structs here.
-        self.connection.create_function(documents.NAME, 1, parse_document_json,
-                                        deterministic=True)
+        self.connection.create_function(
+            documents.NAME, 1, partial(parse_document_json, settings=self.runtime.client.settings),
+            deterministic=True)
 
     # -- the two-pass execute ---------------------------------------------------------------
     def execute(self, query: str, parameters: Any = ()) -> Any:
@@ -214,7 +215,7 @@ def _arguments(spec: AIFunction, args: tuple) -> dict[str, Any]:
     return {p.name: value for p, value in zip(spec.params, args, strict=False)}  # rest: defaults
 
 
-def parse_document_json(content: Any) -> str | None:
+def parse_document_json(content: Any, settings: Any = None) -> str | None:
     """SQLite's ``ai_parse_document(content)``: the ``PARSED_DOCUMENT`` struct as JSON text
     (read it with ``->>``: ``ai_parse_document(content) ->> '$.text'``). A BLOB is the PDF, TEXT
     its path; anything else is that row's ``error``."""
@@ -222,7 +223,7 @@ def parse_document_json(content: Any) -> str | None:
         return as_json({"page_count": None, "pages": None, "text": None, "error": (
             f"content must be a BLOB (the PDF) or TEXT (its path), got "
             f"{type(content).__name__}")})
-    value = documents.parse_document_value(content)
+    value = documents.parse_document_value(content, settings)
     return None if value is None else as_json(value)
 
 

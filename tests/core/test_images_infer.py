@@ -72,7 +72,9 @@ def requests(call: InferenceCall, df: pd.DataFrame) -> list:
     return list(iter_row_requests(rows, call, default_max_tokens=32))
 
 
-def test_each_row_gets_its_own_image_from_bytes_paths_and_data_uris(sim, make_client, tmp_path):
+def test_each_row_gets_its_own_image_from_bytes_paths_and_data_uris(sim, make_client, tmp_path,
+                                                                  monkeypatch):
+    monkeypatch.chdir(tmp_path)  # path cells are read under the working directory (files_roots)
     images = [png_bytes(2, 2, (i * 40, 0, 0)) for i in range(4)]
     path = tmp_path / "third.png"
     path.write_bytes(images[2])
@@ -150,7 +152,9 @@ def test_a_changed_image_changes_only_its_rows_key(sim, make_client):
     assert result.df.loc[1, "out"].endswith(marker(png_bytes(1, 1, (3, 0, 0))))
 
 
-def test_bad_images_fail_alone_with_their_reason_before_sending(sim, make_client, tmp_path):
+def test_bad_images_fail_alone_with_their_reason_before_sending(sim, make_client, tmp_path,
+                                                                monkeypatch):
+    monkeypatch.chdir(tmp_path)  # path cells are read under the working directory (files_roots)
     good = png_bytes(2, 2)
     (tmp_path / "folder").mkdir()
     cells = {

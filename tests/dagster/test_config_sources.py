@@ -125,6 +125,7 @@ def test_to_settings_and_to_spec_copy_every_field(tmp_path):
         endpoint_unreachable_after_s=2.0, ledger_outage_s=5.0, ledger_statement_timeout_s=3.0,
         max_reply_bytes=4096,
         prefix_affinity=False,
+        files_roots=("/data/scans",), allow_image_urls=False,
     )
     copied_by_name = {f.name for f in dataclasses.fields(InferenceSettings)} - set(
         SETTINGS_BUILT_FROM)

@@ -14,7 +14,7 @@ import pytest
 
 from dagster_batchllm.ai_functions.documents import PAGE_SEPARATOR
 from dagster_batchllm.documents.samples import encrypted_pdf, scanned_pdf, text_pdf
-from dagster_batchllm.spark import ai_query_col
+from dagster_batchllm.spark import ai_query_col, register_ai_functions
 from dagster_batchllm.testing import png_bytes
 
 pytestmark = pytest.mark.spark
@@ -52,7 +52,9 @@ def test_spark_sql_files_sends_each_rows_image_and_a_rerun_sends_nothing(spark, 
 
 
 def test_spark_sql_path_files_null_files_and_a_missing_file_fail_alone(spark, ai_spark,
-                                                                       tmp_path):
+                                                                       tmp_path, make_settings):
+    # Path cells are read under files_roots: here the test's folder, not the workers' cwd.
+    register_ai_functions(spark, make_settings(ai_spark, files_roots=[tmp_path]))
     (tmp_path / "ok.png").write_bytes(IMAGES[0])
     rows = pd.DataFrame({"id": [1, 2, 3],
                          "path": [str(tmp_path / "ok.png"), None, str(tmp_path / "gone.png")]})
@@ -106,7 +108,9 @@ def test_ai_query_col_images_as_arrays_of_pages(spark, ai_spark):
     assert row.d == f"[sim] Read both pages {marker(IMAGES[0])} {marker(IMAGES[1])}"
 
 
-def test_ai_parse_document_in_spark_sql(spark, ai_spark, tmp_path):
+def test_ai_parse_document_in_spark_sql(spark, ai_spark, tmp_path, make_settings):
+    # Path cells are read under files_roots: here the test's folder, not the workers' cwd.
+    register_ai_functions(spark, make_settings(ai_spark, files_roots=[tmp_path]))
     pages = ["Invoice INV-7 from Initech", "Total due: 12.50 USD"]
     (tmp_path / "a.pdf").write_bytes(text_pdf(pages))
     (tmp_path / "b.pdf").write_bytes(encrypted_pdf())

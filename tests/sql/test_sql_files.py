@@ -40,7 +40,8 @@ def images_received(sim) -> int:
 
 
 @pytest.fixture
-def duck(sim, make_client, tables_in, tmp_path):
+def duck(sim, make_client, tables_in, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # path cells are read under the working directory (files_roots)
     (tmp_path / "third.png").write_bytes(IMAGES[2])
     con = tables_in(duckdb.connect(), "CREATE TABLE pages (id INTEGER, img BLOB, path VARCHAR)",
                     ("INSERT INTO pages VALUES (?, ?, ?)", [
@@ -141,7 +142,8 @@ def test_duckdb_without_files_sends_text_only(sim, duck):
 
 
 @pytest.fixture
-def lite(sim, make_client, tables_in, tmp_path):
+def lite(sim, make_client, tables_in, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # path cells are read under the working directory (files_roots)
     (tmp_path / "third.png").write_bytes(IMAGES[2])
     con = tables_in(sqlite3.connect(":memory:"), "CREATE TABLE pages (id INTEGER, img BLOB, "
                     "path TEXT)", ("INSERT INTO pages VALUES (?, ?, ?)", [

@@ -42,7 +42,8 @@ def test_blob_rows_give_pages_text_and_count_or_their_own_error(sim, con):
     assert sim.stats(log=False)["by_status"] == {}  # no model was asked
 
 
-def test_path_rows_and_read_blob(con, tmp_path):
+def test_path_rows_and_read_blob(con, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # path cells are read under the working directory (files_roots)
     (tmp_path / "a.pdf").write_bytes(text_pdf(PAGES))
     con.execute("CREATE TABLE files AS SELECT * FROM (VALUES (?), (?)) t(path)",
                 [str(tmp_path / "a.pdf"), str(tmp_path / "missing.pdf")])

@@ -3,13 +3,17 @@
 A cell of an ``images=`` column may hold the image's bytes, a local file path (``str`` or
 ``os.PathLike``), an ``http(s)://`` URL, a ``data:`` URI, or a list of those (the pages of a
 document). Bytes and files become base64 ``data:`` URIs whose MIME type is sniffed from the
-bytes (PNG, JPEG, WebP, GIF); remote URLs are passed through for the server to fetch.
+bytes (PNG, JPEG, WebP, GIF); remote URLs are passed through for the server to fetch, unless the
+file policy refuses them (``allow_image_urls=False``).
 
-What is checked, each failure a per-row :class:`~.errors.InvalidInputError` with the reason: the
-file exists and is readable, is at most ``max_image_bytes`` (checked on the file's size before
-it is read), is one of the four formats, and is whole (a PNG ends with its IEND chunk, a JPEG
-with its end-of-image marker, a GIF with its trailer, a WebP is as long as its RIFF header
-says), and its width and height can be read from its header.
+What is checked, each failure a per-row :class:`~.errors.InvalidInputError` with the reason: a
+path is read only as the file policy allows (:mod:`~dagster_batchllm.core.file_policy`: a
+regular file under ``files_roots``, never a FIFO or a device, at most ``max_image_bytes``,
+checked on the file's size before it is read); the image is one of the four formats, and is
+whole (a PNG ends with its IEND chunk, a JPEG with its end-of-image marker, a GIF with its
+trailer, a WebP is as long as its RIFF header says), and its width and height can be read
+from its header. No message quotes the image's bytes: a cell may name any file, and its error
+goes to the ledger and the asset's metadata.
 
 Token cost, OpenAI's published rule for GPT-4o-class models: ``detail="low"`` costs 85 tokens;
 ``"high"`` (and ``"auto"``, which may pick high, so a reservation must assume it) scales the
@@ -24,13 +28,13 @@ import base64
 import math
 import os
 import re
-import stat
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import InvalidInputError
+from ...errors import FileRefusedError, InvalidInputError
+from ...file_policy import FilePolicy, policy_in_force
 from ...run.cells import kind_of_value
 
 DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024  # OpenAI's limit per image
@@ -55,18 +59,23 @@ class ImagePart:
     tokens: int
 
 
-def image_parts(value: Any, column: str, detail: str, max_bytes: int) -> list[ImagePart]:
-    """A cell's image(s) as content parts; raises InvalidInputError with the reason."""
+def image_parts(value: Any, column: str, detail: str, max_bytes: int,
+                policy: FilePolicy | None = None) -> list[ImagePart]:
+    """A cell's image(s) as content parts; raises InvalidInputError with the reason. Paths and
+    URLs follow ``policy``, by default the one in force (the rendering task's)."""
+    if policy is None:
+        policy = policy_in_force()
     if hasattr(value, "tolist") and not isinstance(value, bytes | bytearray):
         value = value.tolist()  # a numpy array of images (an Arrow list column)
     if isinstance(value, list | tuple):
         if not value:
             raise InvalidInputError(f"column '{column}' holds an empty list of images")
-        return [_one(item, f"{column}[{i}]", detail, max_bytes) for i, item in enumerate(value)]
-    return [_one(value, column, detail, max_bytes)]
+        return [_one(item, f"{column}[{i}]", detail, max_bytes, policy)
+                for i, item in enumerate(value)]
+    return [_one(value, column, detail, max_bytes, policy)]
 
 
-def _one(value: Any, where: str, detail: str, max_bytes: int) -> ImagePart:
+def _one(value: Any, where: str, detail: str, max_bytes: int, policy: FilePolicy) -> ImagePart:
     if value is None or (isinstance(value, float) and math.isnan(value)) or type(
             value).__name__ in ("NAType", "NaTType"):  # pandas' missing values
         raise InvalidInputError(f"column '{where}' is null")
@@ -81,32 +90,19 @@ def _one(value: Any, where: str, detail: str, max_bytes: int) -> ImagePart:
             f"column '{where}' holds {kind_of_value(value)}; an image cell holds bytes, a "
             "file path or an http(s) URL")
     if value.startswith(("http://", "https://")):
+        if not policy.allow_urls:
+            raise InvalidInputError(
+                f"column '{where}': image URLs are not sent here (allow_image_urls=False); "
+                "give the image's bytes or a path under files_roots")
         tokens = LOW_DETAIL_TOKENS if detail == "low" else MAX_HIGH_DETAIL_TOKENS
         return ImagePart(_part(value, detail), tokens)
     if value.startswith("data:"):
         return _from_bytes(_decode_data_uri(value, where, max_bytes), where, detail, max_bytes)
-    return _from_bytes(_read_file(value, where, max_bytes), where, detail, max_bytes)
-
-
-def _read_file(path: str, where: str, max_bytes: int) -> bytes:
     try:
-        info = os.stat(path)
-        if stat.S_ISDIR(info.st_mode):
-            raise IsADirectoryError
-        size = info.st_size
-        if size > max_bytes:
-            raise InvalidInputError(
-                f"column '{where}': image file {path!r} is {size} bytes, over the limit of "
-                f"{max_bytes} bytes (max_image_bytes)")
-        with open(path, "rb") as handle:
-            return handle.read(max_bytes + 1)
-    except FileNotFoundError:
-        raise InvalidInputError(f"column '{where}': image file {path!r} does not exist") from None
-    except IsADirectoryError:
-        raise InvalidInputError(f"column '{where}': {path!r} is a directory") from None
-    except OSError as exc:
-        raise InvalidInputError(
-            f"column '{where}': image file {path!r} cannot be read ({exc.strerror})") from None
+        raw = policy.read(value, max_bytes=max_bytes, limit_name="max_image_bytes")
+    except FileRefusedError as exc:
+        raise FileRefusedError(f"column '{where}': image {exc.message}") from None
+    return _from_bytes(raw, where, detail, max_bytes)
 
 
 def _decode_data_uri(uri: str, where: str, max_bytes: int) -> bytes:
@@ -128,9 +124,9 @@ def _from_bytes(raw: bytes, where: str, detail: str, max_bytes: int) -> ImagePar
         raise InvalidInputError(f"column '{where}': the image is empty (0 bytes)")
     mime = sniff_mime(raw)
     if mime is None:
-        raise InvalidInputError(
-            f"column '{where}': unsupported image format (starts {raw[:8]!r}); supported: "
-            "PNG, JPEG, WebP, GIF")
+        raise InvalidInputError(  # its first bytes are not shown: they may be anyone's secret
+            f"column '{where}': unsupported image format (its first bytes are no PNG, JPEG, "
+            "WebP or GIF signature); supported: PNG, JPEG, WebP, GIF")
     width, height = image_size(raw, mime, where)
     tokens = image_tokens(width, height, detail)
     uri = f"data:{mime};base64,{base64.b64encode(raw).decode('ascii')}"
@@ -190,7 +186,7 @@ def _gif_size(raw: bytes) -> tuple[int, int] | None:
 def _webp_size(raw: bytes) -> tuple[int, int] | None:
     (riff_size,) = struct.unpack("<I", raw[4:8])
     if len(raw) < riff_size + 8:
-        raise ValueError(f"{len(raw)} bytes of the {riff_size + 8} its RIFF header declares")
+        raise ValueError("shorter than its RIFF header declares")
     kind = raw[12:16]
     if kind == b"VP8X":
         width = int.from_bytes(raw[24:27], "little") + 1
@@ -201,7 +197,7 @@ def _webp_size(raw: bytes) -> tuple[int, int] | None:
     if kind == b"VP8 ":
         width, height = struct.unpack("<HH", raw[26:30])
         return width & 0x3FFF, height & 0x3FFF
-    raise ValueError(f"unknown WebP chunk {kind!r}")
+    raise ValueError("an unknown WebP chunk")
 
 
 # JPEG start-of-frame markers (baseline, progressive, ...; not DHT C4, JPG C8 or DAC CC).
@@ -214,7 +210,7 @@ def _jpeg_size(raw: bytes) -> tuple[int, int] | None:
     i = 2
     while i + 4 <= len(raw):
         if raw[i] != 0xFF:
-            raise ValueError(f"no marker at byte {i}")
+            raise ValueError("a segment without its marker")
         marker = raw[i + 1]
         if marker == 0xFF:  # fill byte
             i += 1

@@ -10,6 +10,7 @@ from typing import Any
 
 from ...delivery.transport import CHAT_ROUTE, Completion, completion_from_payload, parse_completion
 from ...errors import RowError, StructuredOutputError
+from ...file_policy import FilePolicy, under_policy
 from ...run.prompts import RowRequest, iter_row_requests
 from ..base import Task, register_task
 from .call import InferenceCall
@@ -25,8 +26,11 @@ class ChatTask(Task):
     route = CHAT_ROUTE
 
     def __init__(self, call: InferenceCall, *, default_max_tokens: int,
-                 prefix_affinity: bool = False):
+                 prefix_affinity: bool = False, file_policy: FilePolicy | None = None):
         super().__init__(call)
+        # Which path cells of its images may be read (files_roots, resolved when the call
+        # starts) and whether image URLs may be sent.
+        self.file_policy = file_policy if file_policy is not None else FilePolicy.of()
         self.default_max_tokens = default_max_tokens
         # Each request's prefix key, by which the pool sends rows that share a long head to
         # one endpoint (its prefix cache then holds the head); without keys, least-loaded.
@@ -40,7 +44,8 @@ class ChatTask(Task):
     async def prepare(cls, call: InferenceCall, frame: Any, client: Any) -> ChatTask:
         settings = client.settings
         return cls(call, default_max_tokens=settings.default_max_tokens,
-                   prefix_affinity=settings.prefix_affinity)
+                   prefix_affinity=settings.prefix_affinity,
+                   file_policy=FilePolicy.of(settings))
 
     parse_reply = staticmethod(parse_completion)
     read_line = staticmethod(completion_from_payload)
@@ -49,8 +54,11 @@ class ChatTask(Task):
         return settings.models
 
     def requests(self, rows: Iterator[tuple]) -> Iterator[RowRequest | RowError]:
-        return iter_row_requests(rows, self.call, default_max_tokens=self.default_max_tokens,
-                                 prefix_keys=self.prefix_affinity)
+        items = iter_row_requests(rows, self.call, default_max_tokens=self.default_max_tokens,
+                                  prefix_keys=self.prefix_affinity)
+        # The renderer reads image cells without the settings: the call's policy is in force
+        # while it renders them.
+        return under_policy(self.file_policy, items) if self.call.images else items
 
     def value(self, content: str) -> Any:
         return self._parser.parse(content)
