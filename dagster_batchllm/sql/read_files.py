@@ -13,6 +13,12 @@ with other column names, so the call becomes a subquery that renames them::
 Other formats (csv, json, parquet ...) and read_files' options are not translated, nor is
 anything on SQLite, which has no table function that reads files: the query is refused
 naming the call (see :func:`problem`).
+
+The files a query names here are the query's own choice (its text is code, as DuckDB's
+``read_blob`` is), so ``files_roots`` does not bound them; pass their ``content`` on
+(``files => content``). Their ``path`` passed as ``files => path`` or to ``ai_parse_document``
+is a path cell, read only under ``files_roots``
+(:mod:`dagster_batchllm.core.file_policy`).
 """
 
 from __future__ import annotations
