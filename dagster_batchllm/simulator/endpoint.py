@@ -208,7 +208,8 @@ class SimulatedEndpoint:
         "drop" (close the connection, no response); "malformed" (200, body cut mid-JSON);
         "no_choices" (200, JSON without choices); "empty" (200, content ""); "bad_structured"
         (200, content that is not JSON); "stall" (200 headers and half the body, then
-        nothing until the client gives up; it holds its slot meanwhile). Every outcome
+        nothing until the client gives up; it holds its slot meanwhile); "drop_mid_body"
+        (200 headers and half the body, then the connection closed). Every outcome
         first holds a slot for latency_s. Requests rejected before that (auth, unknown
         model, context length, server-side rate limit) do not consume the script.
         """

@@ -188,6 +188,9 @@ class _App:
         if outcome == "stall":
             tally.stalled += 1
             return await self._stall(request, data)
+        if outcome == "drop_mid_body":
+            tally.dropped += 1
+            return await self._drop_mid_body(request, data)
         tally.count_status(200)
         if usage is not None:  # chat: prompt and completion tokens; embeddings: prompt, inputs
             for name, value in usage.items():
@@ -206,6 +209,17 @@ class _App:
         # Without handler cancellation, a closed transport is how we see the client give up.
         while not self.state.killed and request.transport and not request.transport.is_closing():
             await asyncio.sleep(STALL_POLL_S)
+        if request.transport is not None:
+            request.transport.close()
+        return response
+
+    async def _drop_mid_body(self, request: web.Request, data: bytes) -> web.StreamResponse:
+        """200 headers announcing the whole body, half of it, then the connection closed: a
+        proxy or server that dies while it answers."""
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.content_length = len(data)
+        await response.prepare(request)
+        await response.write(data[: len(data) // 2])
         if request.transport is not None:
             request.transport.close()
         return response

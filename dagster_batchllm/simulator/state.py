@@ -24,6 +24,7 @@ FAULT_RATES = {
     "empty_rate": "empty",
     "bad_structured_rate": "bad_structured",
     "stall_rate": "stall",
+    "drop_mid_body_rate": "drop_mid_body",
 }
 # Seconds a batch spends in each stage; None holds it there until advance_batches().
 BATCH_STAGES = ("batch_validating_s", "batch_in_progress_s", "batch_finalizing_s",
@@ -57,7 +58,8 @@ DEFAULT_CONFIG = {
     "batch_max_lines": None,
     "batch_api_latency_s": 0.0,
 }
-SPECIAL_OUTCOMES = ("ok", "drop", "malformed", "no_choices", "empty", "bad_structured", "stall")
+SPECIAL_OUTCOMES = ("ok", "drop", "malformed", "no_choices", "empty", "bad_structured", "stall",
+                    "drop_mid_body")
 # Which requests each script steers: model requests, Files/Batches calls, batch lines.
 SCRIPT_TARGETS = {"requests": SPECIAL_OUTCOMES, "batch_api": ("ok", "drop"),
                   "batch_lines": ("ok",)}
