@@ -124,6 +124,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
     mlflow_registry_uri: str | None = declared(InferenceSettings, "mlflow_registry_uri")
     endpoint_unreachable_after_s: float = declared(InferenceSettings,
                                                     "endpoint_unreachable_after_s")
+    endpoint_failing_after_s: float = declared(InferenceSettings, "endpoint_failing_after_s")
     ledger_outage_s: float = declared(InferenceSettings, "ledger_outage_s")
     ledger_statement_timeout_s: float = declared(InferenceSettings, "ledger_statement_timeout_s")
     files_roots: list[str] = declared(InferenceSettings, "files_roots")

@@ -29,7 +29,8 @@ class ErrorKind(Enum):
                    "need a larger max_tokens")
     CONFIGURATION = (True, "fix the endpoint or the call (URL, API key, model, parameters), "
                            "then a retry sends them again")
-    DEFERRED = (True, "not sent because the token budget ran out; a later run sends them")
+    DEFERRED = (True, "not sent because the token budget ran out or the endpoint asked to "
+                      "wait longer than endpoint_failing_after_s; a later run sends them")
     INPUT = (False, "a retry cannot fix these; fix the input")
     UNSUPPORTED = (False, "the model cannot do this task, a retry cannot fix these; send "
                           "them to a model endpoint that can")
@@ -63,6 +64,7 @@ KIND_BY_TYPE: dict[str, ErrorKind] = {
     ErrorType.TIMEOUT.value: ErrorKind.TRANSIENT,
     ErrorType.NO_HEALTHY_ENDPOINT.value: ErrorKind.TRANSIENT,
     ErrorType.ENDPOINT_UNREACHABLE.value: ErrorKind.TRANSIENT,
+    ErrorType.ENDPOINT_FAILING.value: ErrorKind.TRANSIENT,
     ErrorType.INTERNAL.value: ErrorKind.TRANSIENT,
     ErrorType.MALFORMED_RESPONSE.value: ErrorKind.REPLY,
     ErrorType.STRUCTURED_OUTPUT.value: ErrorKind.REPLY,

@@ -35,6 +35,9 @@ class ErrorType(str, Enum):
     STRUCTURED_OUTPUT = "invalid_structured_output"
     NO_HEALTHY_ENDPOINT = "no_healthy_endpoint"
     ENDPOINT_UNREACHABLE = "endpoint_unreachable"
+    #: Every endpoint of the model answered, but nothing usable (5xx, bodies that are not a
+    #: reply, connections closed mid-body, timeouts), for ``endpoint_failing_after_s``.
+    ENDPOINT_FAILING = "endpoint_failing"
     REQUEST_TOO_LARGE = "request_too_large"
     #: The reply was longer than the request could need (``max_reply_bytes``): its reading
     #: was stopped and the connection closed, nothing of it kept.
@@ -177,6 +180,15 @@ class EndpointUnreachableError(RowError):
     resolved, TLS failed) for longer than the bound: the row is not sent; a later run may."""
 
     error_type = ErrorType.ENDPOINT_UNREACHABLE
+
+
+class EndpointFailingError(RowError):
+    """Every endpoint serving the model has answered nothing usable for longer than the bound
+    (``endpoint_failing_after_s``) while the row waited: the row is not sent; its message names
+    each endpoint's last failure. Not retried within the run (that is what the bound ends), but
+    a later run may send it (its kind is transient)."""
+
+    error_type = ErrorType.ENDPOINT_FAILING
 
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429}) | frozenset(range(500, 600))

@@ -234,6 +234,12 @@ class InferenceSettings:
         "Seconds every endpoint of a model may refuse connections (or fail DNS or TLS) before "
         "the rows still to send fail with endpoint_unreachable; a slow endpoint is waited for.",
         15.0)
+    endpoint_failing_after_s: float = described(
+        "Seconds every endpoint of a model may answer nothing usable (5xx, a 200 whose body is "
+        "not a reply, a connection closed mid-body, timeouts) while rows wait before the rows "
+        "still to send fail with endpoint_failing, naming the last failure (a later run sends "
+        "them); a server's Retry-After longer than this defers the row instead of waiting.",
+        60.0)
     ledger_outage_s: float = described(
         "Seconds ledger writes may keep failing because the database is away (restarted, a "
         "network cut) while the run pauses and retries them; past it the run fails, and the "
@@ -273,8 +279,8 @@ class InferenceSettings:
             raise ValueError(f"Endpoint names must be unique, got {names}.")
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1.")
-        for bound in ("endpoint_unreachable_after_s", "ledger_outage_s",
-                      "ledger_statement_timeout_s"):
+        for bound in ("endpoint_unreachable_after_s", "endpoint_failing_after_s",
+                      "ledger_outage_s", "ledger_statement_timeout_s"):
             if not getattr(self, bound) > 0:
                 raise ValueError(f"{bound} must be a positive number of seconds.")
         if self.max_reply_bytes is not None and self.max_reply_bytes < 1024:

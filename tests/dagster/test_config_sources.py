@@ -123,6 +123,7 @@ def test_to_settings_and_to_spec_copy_every_field(tmp_path):
         progress_interval_s=9.0, batch_poll_initial_s=0.25, batch_poll_max_s=5.0,
         mlflow_registry_uri="sqlite:///registry.db",
         endpoint_unreachable_after_s=2.0, ledger_outage_s=5.0, ledger_statement_timeout_s=3.0,
+        endpoint_failing_after_s=20.0,
         max_reply_bytes=4096,
         prefix_affinity=False,
         files_roots=("/data/scans",), allow_image_urls=False,

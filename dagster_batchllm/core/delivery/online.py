@@ -2,6 +2,14 @@
 
 :class:`OnlineDelivery` is a lease from the endpoint pool, the transport's call, the lease back,
 and the retry loop of :mod:`.retries` around them (the interface is :mod:`.base`'s).
+
+Two bounds keep a call from crawling on endpoints that never give a usable answer: rows fail
+as ``endpoint_unreachable`` once no endpoint of their model could be connected to for
+``endpoint_unreachable_after_s``, and as ``endpoint_failing`` once every endpoint of it has
+answered nothing usable for ``endpoint_failing_after_s`` (kept by the pool, see
+:class:`.endpoint_state.FailingBound`). Every wait of the loop (backoff, a breaker's cool-down,
+a slot) ends at them. A server's ``Retry-After`` longer than the failing bound defers the row
+instead of holding it: a later call sends it.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from typing import Any
 
 from ..errors import (
     ContextLengthExceededError,
+    DeferredError,
     EndpointError,
     EndpointUnreachableError,
     RowError,
@@ -23,6 +32,7 @@ from ..ledger.writer import LedgerWriter
 from ..run.prompts import RowRequest
 from ..settings import InferenceSettings
 from .base import Attempts, Delivery
+from .endpoint_state import FailingBound
 from .pool import EndpointPool
 from .retries import RetryPolicy
 from .transport import Completion, ReplyParser, Transport
@@ -47,6 +57,8 @@ class OnlineDelivery(Delivery):
                                     if unreachable_after_s is None else unreachable_after_s)
         # endpoint name -> when it started failing to connect (cleared by any reply)
         self._unreachable_since: dict[str, float] = {}
+        # Set at open(): the failing bound counts from the call's start at the earliest.
+        self._failing: FailingBound | None = None
         self._baseline: dict[str, dict[str, Any]] = {}
         self.pool = pool
         self.transport = transport
@@ -80,6 +92,7 @@ class OnlineDelivery(Delivery):
     async def open(self, writer: LedgerWriter) -> None:
         self._writer = writer
         self._baseline = self.pool.snapshot()  # the pool outlives calls; figures are per call
+        self._failing = FailingBound(self.settings.endpoint_failing_after_s, self.pool.now())
         await self.transport.open(self.settings.endpoints, self.route, self.parse)
 
     async def close(self) -> None:
@@ -130,14 +143,14 @@ class OnlineDelivery(Delivery):
         """Attempts until one succeeds or the policy gives up. Each is a lease on an endpoint,
         the HTTP call and the lease back, written out in this one loop: a coroutine per
         attempt would cost every request an allocation."""
-        retry, pool, writer = self.retry, self.pool, self._writer
+        retry, pool, writer, failing = self.retry, self.pool, self._writer, self._failing
         while True:
             if self._unreachable_since:
                 self._check_reachable(request.model)
             attempts.count += 1
             try:
                 lease = await pool.acquire(request.model, request.reserve_tokens,
-                                           request.prefix_key)
+                                           request.prefix_key, failing)
                 if writer.full:
                     # Checked again with the slot in hand: while this worker waited for it, the
                     # requests that freed slots added answers to write.
@@ -153,7 +166,7 @@ class OnlineDelivery(Delivery):
                     completion = await self.transport.send(lease.endpoint.spec, request)
                 except EndpointError as exc:
                     pool.release(lease, success=False, unhealthy=exc.counts_against_endpoint,
-                                 actual_tokens=None)
+                                 actual_tokens=None, reason=exc.as_cell())
                     if exc.unreachable:
                         self._unreachable(exc, lease.endpoint.spec.base_url)
                     elif self._unreachable_since:  # it answered: reachable after all
@@ -162,8 +175,9 @@ class OnlineDelivery(Delivery):
                 except asyncio.CancelledError:  # the run stops: not the endpoint's fault
                     pool.release(lease, success=False, unhealthy=False, actual_tokens=None)
                     raise
-                except BaseException:
-                    pool.release(lease, success=False, unhealthy=True, actual_tokens=None)
+                except BaseException as exc:  # a reply that is none (not JSON...), or a bug
+                    pool.release(lease, success=False, unhealthy=True, actual_tokens=None,
+                                 reason=_reason(exc))
                     raise
                 finally:
                     self.requests_in_flight -= 1
@@ -171,6 +185,12 @@ class OnlineDelivery(Delivery):
                 if not retry.should_retry(exc, attempts.count):
                     raise
                 delay = retry.retry_delay(exc, attempts.count)
+                if retry.waits_too_long(exc, delay):
+                    raise DeferredError(
+                        f"endpoint '{exc.endpoint}' asked to wait {delay:g} s before a retry "
+                        f"(Retry-After), longer than endpoint_failing_after_s "
+                        f"({retry.max_wait_s:g} s): not waited for, a later call sends it "
+                        f"({exc.as_cell()})") from None
             else:
                 used = (completion.prompt_tokens + completion.completion_tokens
                         if completion.usage_reported else request.reserve_tokens)
@@ -184,7 +204,17 @@ class OnlineDelivery(Delivery):
                 # bound: the request wakes at it and fails as unreachable, as promised.
                 delay = max(0.0, min(delay, self._unreachable_deadline(request.model)
                                      - time.monotonic()))
+            if failing is not None:  # likewise the failing bound (infinite while one is well)
+                delay = max(0.0, min(delay, pool.failing_deadline(request.model, failing)
+                                     - pool.now()))
             await asyncio.sleep(delay)  # outside the handler: the error is not kept meanwhile
+
+
+def _reason(exc: BaseException) -> str:
+    """A failure in the words a row's error uses (``<error_type>: <message>``)."""
+    if isinstance(exc, RowError):
+        return exc.as_cell()
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _context_limits_by_model(settings: InferenceSettings) -> dict[str, int]:

@@ -14,6 +14,11 @@ slot would otherwise go to whichever request asks next, moving its key there: so
 on an endpoint wakes a waiting request whose key that endpoint owns, and a request whose owner
 is full waits for it rather than take a slot already promised to a woken waiter. Only free
 slots nobody is woken for are taken from under another owner, so no capacity idles.
+
+Failing endpoints (see :mod:`.endpoint_state`): a caller that passes a ``FailingBound`` to
+:meth:`EndpointPool.acquire` gets ``EndpointFailingError`` once every endpoint serving the model
+has answered nothing usable for that long, also while it waits for a cool-down or a probe's
+slot: the breaker's probing never stretches the bound.
 """
 
 from __future__ import annotations
@@ -28,13 +33,23 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from ..errors import NoHealthyEndpointError, RequestTooLargeError, UnsupportedModelError
+from ..errors import (
+    EndpointFailingError,
+    NoHealthyEndpointError,
+    RequestTooLargeError,
+    UnsupportedModelError,
+)
 from ..settings import EndpointSpec
-from .limits import SlidingWindowLimiter
+from .endpoint_state import (
+    EndpointState,
+    FailingBound,
+    failing_deadline,
+    failing_error,
+    probes_early,
+)
 
 # A waiter re-checks at least this often, so a lost wake-up can delay a request but never hang it.
 _MAX_WAIT_S = 1.0
-_MAX_COOLDOWN_FACTOR = 8
 # Prefix keys remembered per model, least recently used forgotten first: a few hundred KB.
 _MAX_PREFIX_KEYS = 4096
 # Waiters a freed slot looks through for one whose key its endpoint owns (then the first).
@@ -44,84 +59,6 @@ _MATCH_WAITERS = 16
 def _wake_one(waiter: asyncio.Future) -> None:
     if not waiter.done():
         waiter.set_result(False)  # a timer's: no slot promised
-
-
-class EndpointState:
-    """Live state of one endpoint: leases out, limits, breaker and counters."""
-
-    def __init__(self, spec: EndpointSpec, *, failure_threshold: int, cooldown_s: float, clock):
-        self.spec = spec
-        self.outstanding = 0
-        self._clock = clock
-        self._failure_threshold = failure_threshold
-        self._cooldown_s = cooldown_s
-        self.consecutive_failures = 0
-        self.trips = 0
-        self.open_until = 0.0
-        self.probe_in_flight = False
-        scale = spec.rate_limit_window_s / 60.0
-        self.request_limiter = (
-            SlidingWindowLimiter(spec.requests_per_minute * scale, spec.rate_limit_window_s, clock)
-            if spec.requests_per_minute else None
-        )
-        self.token_limiter = (
-            SlidingWindowLimiter(spec.tokens_per_minute * scale, spec.rate_limit_window_s, clock)
-            if spec.tokens_per_minute else None
-        )
-        self.share = 1.0
-        self.capacity = spec.max_concurrency
-        self.requests = 0
-        self.succeeded = 0
-        self.failed = 0
-
-    def set_share(self, share: float) -> None:
-        """Use only this fraction of the endpoint's limits (other runs use the rest)."""
-        self.share = share
-        self.capacity = max(1, int(self.spec.max_concurrency * share))
-        scale = self.spec.rate_limit_window_s / 60.0
-        if self.request_limiter is not None:
-            self.request_limiter.limit = max(1.0, self.spec.requests_per_minute * scale * share)
-            self.request_limiter.lone_request_ok = True
-        if self.token_limiter is not None:
-            self.token_limiter.limit = self.spec.tokens_per_minute * scale * share
-            self.token_limiter.lone_request_ok = True
-
-    @property
-    def tripped(self) -> bool:
-        return self.consecutive_failures >= self._failure_threshold
-
-    def is_open(self, now: float) -> bool:
-        return self.tripped and now < self.open_until
-
-    def admits_size(self, tokens: int) -> bool:
-        if self.token_limiter is None:
-            return True
-        return tokens <= self.spec.tokens_per_minute * self.spec.rate_limit_window_s / 60.0
-
-    def rate_wait_s(self, tokens: int) -> float:
-        wait = 0.0
-        if self.request_limiter is not None:
-            wait = self.request_limiter.seconds_until_fits(1)
-        if self.token_limiter is not None:
-            wait = max(wait, self.token_limiter.seconds_until_fits(tokens))
-        return wait
-
-    def record_success(self) -> None:
-        self.succeeded += 1
-        self.consecutive_failures = 0
-        self.trips = 0
-
-    def record_failure(self, *, probe: bool = False) -> None:
-        """A failure that says the endpoint is unhealthy. The failure that trips the breaker
-        opens it for the cool-down, and each failed probe doubles it (up to 8x); the failures
-        of requests that were in flight when it tripped say nothing new and leave it as it is
-        (at concurrency 16 they would otherwise stretch one cool-down to its 8x cap at once)."""
-        self.failed += 1
-        self.consecutive_failures += 1
-        if self.tripped and (probe or self.trips == 0):
-            self.trips += 1
-            factor = min(2 ** (self.trips - 1), _MAX_COOLDOWN_FACTOR)
-            self.open_until = self._clock() + self._cooldown_s * factor
 
 
 @dataclass(slots=True)
@@ -189,28 +126,59 @@ class EndpointPool:
     def serves(self, model: str) -> bool:
         return model in self._by_model
 
+    def now(self) -> float:
+        """The pool's clock (``time.monotonic`` unless a test gives another)."""
+        return self._clock()
+
+    def failing_deadline(self, model: str, bound: FailingBound) -> float:
+        """When the rows of ``model`` waiting for an endpoint fail as ``endpoint_failing``, on
+        the pool's clock (see :func:`.endpoint_state.failing_deadline`)."""
+        return failing_deadline(self._by_model.get(model, ()), bound)
+
+    def check_failing(self, model: str, bound: FailingBound) -> None:
+        """Raise ``EndpointFailingError`` once every endpoint of ``model`` has answered nothing
+        usable for longer than the bound, naming each one's last failure."""
+        serving = self._by_model.get(model)
+        if serving and self._clock() >= failing_deadline(serving, bound):
+            raise failing_error(model, serving, bound)
+
     def capacity(self, model: str | None = None) -> int:
         states = self.endpoints if model is None else self._by_model.get(model, [])
         return sum(s.spec.max_concurrency for s in states)
 
-    async def acquire(self, model: str, tokens: int, prefix_key: int | None = None) -> Lease:
+    async def acquire(self, model: str, tokens: int, prefix_key: int | None = None,
+                      failing: FailingBound | None = None) -> Lease:
+        """A lease on an endpoint for a request of ``model`` that may use ``tokens``, waiting
+        for room; with ``failing``, ``EndpointFailingError`` instead once every endpoint of the
+        model has answered nothing usable for that bound (checked while it waits, too)."""
         serving = self._by_model.get(model)
         if not serving:
             raise UnsupportedModelError(
                 f"no configured endpoint serves model '{model}' "
                 f"(served: {sorted(self._by_model)})"
             )
+        promised = False
         while True:
-            lease, wait_s = self._try_acquire(serving, model, tokens, prefix_key)
+            if failing is not None and serving[0].failing_since is not None:
+                try:
+                    self.check_failing(model, failing)
+                except EndpointFailingError:
+                    if promised:
+                        self._wake(model)  # hand the slot we were woken for to the next waiter
+                    raise
+            lease, wait_s = self._try_acquire(serving, model, tokens, prefix_key, failing)
             if lease is not None:
                 return lease
+            if failing is not None and serving[0].failing_since is not None:
+                # Wake at the bound, not a probe's slot later.
+                wait_s = min(wait_s, self.failing_deadline(model, failing) - self._clock())
             loop = asyncio.get_running_loop()
             waiter = loop.create_future()
             self._waiters[model].append((waiter, prefix_key))
             # A timer rather than asyncio.wait_for: on Python 3.11 wait_for returns the result
             # of a waiter woken in the same loop turn as a cancellation and swallows the
             # cancellation, so a stopping run's worker would go on sending (and never end).
-            timer = loop.call_later(min(wait_s, _MAX_WAIT_S), _wake_one, waiter)
+            timer = loop.call_later(max(0.0, min(wait_s, _MAX_WAIT_S)), _wake_one, waiter)
             try:
                 promised = await waiter
             except asyncio.CancelledError:
@@ -225,7 +193,8 @@ class EndpointPool:
                 self._promised[model] -= 1
 
     def _try_acquire(
-        self, serving: list[EndpointState], model: str, tokens: int, prefix_key: int | None
+        self, serving: list[EndpointState], model: str, tokens: int, prefix_key: int | None,
+        failing: FailingBound | None = None,
     ) -> tuple[Lease | None, float]:
         owner_full = False
         if prefix_key is not None:
@@ -250,7 +219,7 @@ class EndpointPool:
             if not state.admits_size(tokens):
                 continue
             fits = True
-            if state.is_open(now):
+            if state.is_open(now) and not probes_early(state, serving, failing):
                 wait_s = min(wait_s, state.open_until - now)
                 continue
             alive = True
@@ -317,8 +286,10 @@ class EndpointPool:
         )
 
     def release(self, lease: Lease, *, success: bool, unhealthy: bool,
-                actual_tokens: int | None) -> None:
-        """Give a lease back. ``unhealthy`` failures feed the breaker; 429s and 4xx do not."""
+                actual_tokens: int | None, reason: str = "") -> None:
+        """Give a lease back. ``unhealthy`` failures feed the breaker (429s and 4xx do not);
+        ``reason``, such a failure in words, is what rows that fail as ``endpoint_failing``
+        name."""
         state = lease.endpoint
         state.outstanding -= 1
         if lease.probe:
@@ -326,7 +297,7 @@ class EndpointPool:
         if success:
             state.record_success()
         elif unhealthy:
-            state.record_failure(probe=lease.probe)
+            state.record_failure(probe=lease.probe, reason=reason)
         elif lease.probe:
             state.record_success()  # it answered: alive, even if the answer was an error
         # Rate-limit entries count on for a window after the reply (see SlidingWindowLimiter);
