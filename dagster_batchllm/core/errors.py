@@ -57,6 +57,24 @@ class InferenceConfigError(BatchLLMError, ValueError):
     """The call itself is wrong (raised before any request is sent)."""
 
 
+class JournalUnsafeError(BatchLLMError):
+    """The run cannot keep its crash journal safely: the journal directory belongs to another
+    user, is a symbolic link or is not a directory (another user could plant answers there
+    that a run would serve as paid for). Raised before anything is sent; the message names
+    the path, what is wrong and how to fix it."""
+
+
+class LedgerVanishedError(BatchLLMError):
+    """The SQLite ledger file was deleted or replaced while a run was using it: what the run
+    writes goes to a file no one can open again. The run stops sending and keeps its journal;
+    the message names the file and the journal, which the next run folds into a ledger at
+    ``path``."""
+
+    def __init__(self, message: str, *, path: str):
+        super().__init__(message)
+        self.path = path
+
+
 class ClaimsUnavailableError(BatchLLMError):
     """The ledger database could not take this run's claims on its requests (which keep runs
     sharing a ledger from paying twice) for the outage bound: the run stops sending."""

@@ -4,6 +4,7 @@ what was in flight paid twice."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import signal
@@ -167,8 +168,11 @@ def test_a_journal_of_arrays_folds_into_the_records_it_was_given(tmp_path):
 
     from dagster_batchllm.core.ledger.journal import AnswerJournal, fold_abandoned
 
-    def record(key: str, response: str) -> dict:
-        return {"request_key": key, "scope": "", "partition_key": "", "model": "m",
+    def key(name: str) -> str:  # a request key is a SHA-256 in hex
+        return hashlib.sha256(name.encode()).hexdigest()
+
+    def record(name: str, response: str) -> dict:
+        return {"request_key": key(name), "scope": "", "partition_key": "", "model": "m",
                 "status": "ok", "response": response, "error": None, "error_type": None,
                 "prompt_tokens": 2, "completion_tokens": 0, "attempts": 1, "endpoint": "sim",
                 "latency_ms": 1.5, "run_id": None}
@@ -185,9 +189,10 @@ def test_a_journal_of_arrays_folds_into_the_records_it_was_given(tmp_path):
     (directory / "old-run.jsonl").write_text(json.dumps(record("f", "F")) + "\n")
     try:
         assert fold_abandoned(directory, ledger, logging.getLogger("test")) == 6
-        answers = ledger.lookup_ok(list("abcdef"))
+        answers = ledger.lookup_ok([key(name) for name in "abcdef"])
         assert {k: v["response"] for k, v in answers.items()} == {
-            "a": "A \"quoted\" é\n", "b": "B", "c": "C", "d": "D", "e": "E", "f": "F"}
+            key("a"): "A \"quoted\" é\n", key("b"): "B", key("c"): "C", key("d"): "D",
+            key("e"): "E", key("f"): "F"}
         assert not list(directory.glob("*.jsonl"))
     finally:
         ledger.dispose()

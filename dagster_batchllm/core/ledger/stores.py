@@ -2,24 +2,29 @@
 SQL identifiers a user names (tables, schemas).
 
 SQLite gets WAL mode, a busy timeout and ``BEGIN IMMEDIATE`` writes so several processes can share
-one file; a database server's round trips get bounds (see :mod:`.db_timeouts`).
+one file; a database server's round trips get bounds (see :mod:`.db_timeouts`). A SQLite file's
+identity (device and inode) is noted when the engine first connects, so a run can tell that
+the file was deleted or replaced under it (:func:`check_ledger_file`): an open connection keeps
+writing to the deleted file, and every write "succeeds".
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import random
 import re
 import sqlite3
 import threading
 import time
+import weakref
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from ..errors import InferenceConfigError
+from ..errors import InferenceConfigError, LedgerVanishedError
 from .db_timeouts import DEFAULT_ROUND_TRIP_TIMEOUT_S, bound_round_trips, libpq_connect_args
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -97,9 +102,16 @@ def make_engine(url: str, *,
     if in_memory:
         kwargs["poolclass"] = _SerialStaticPool
     engine = sa.create_engine(url, **kwargs)
+    # A "file:" URI (uri=true) names no plain path to look at; it is not watched.
+    identity = (None if in_memory or parsed.query.get("uri") else
+                _SqliteFileIdentity(parsed.database))
+    if identity is not None:
+        _SQLITE_FILES[engine] = identity
 
     @event.listens_for(engine, "connect")
     def _configure(dbapi_connection, _record):
+        if identity is not None:  # first: before anything reads a write-ahead log there
+            identity.connected()
         # Let SQLAlchemy's "begin" event open transactions, so writers can BEGIN IMMEDIATE:
         # a deferred transaction that upgrades to a write lock fails at once under contention
         # instead of waiting for the busy timeout.
@@ -126,6 +138,56 @@ def make_engine(url: str, *,
     return engine
 
 
+class _SqliteFileIdentity:
+    """The (device, inode) of a SQLite ledger file as its engine's first connection opened it."""
+
+    def __init__(self, database: str):
+        self.path = os.path.abspath(database)
+        self.identity: tuple[int, int] | None = None
+
+    def connected(self) -> None:
+        """A connection opened the file just now: the first one says which file it is; a
+        later one that opened another file (the first deleted, a new one made at its path)
+        is refused before it reads the old file's write-ahead log into the new one."""
+        if self.identity is None:
+            try:
+                st = os.stat(self.path)
+            except OSError:  # not a plain path after all: nothing to watch
+                return
+            self.identity = (st.st_dev, st.st_ino)
+        else:
+            self.check()
+
+    def check(self) -> None:
+        if self.identity is None:
+            return
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            how = "was deleted"
+        else:
+            if (st.st_dev, st.st_ino) == self.identity:
+                return
+            how = "was deleted or replaced (another file is at its path now)"
+        raise LedgerVanishedError(
+            f"the SQLite ledger file {self.path} {how} while this client was using it: its "
+            "open connections write to the old file, which no other process (and no rerun) "
+            "can open, so nothing written there since is kept", path=self.path)
+
+
+# engine -> its SQLite file, for the engines make_engine made over a file
+_SQLITE_FILES: weakref.WeakKeyDictionary[sa.Engine, _SqliteFileIdentity] = (
+    weakref.WeakKeyDictionary())
+
+
+def check_ledger_file(engine: sa.Engine) -> None:
+    """Raise :class:`LedgerVanishedError` when ``engine``'s SQLite file is no longer the file
+    it opened (deleted, or another file at its path); one ``stat``. Other databases pass."""
+    identity = _SQLITE_FILES.get(engine)
+    if identity is not None:
+        identity.check()
+
+
 def _use_wal(cursor: Any, wait_s: float = 60.0) -> None:
     """Put the SQLite file in WAL mode (persistent, so once per file in practice).
 
@@ -145,7 +207,8 @@ def _use_wal(cursor: Any, wait_s: float = 60.0) -> None:
             time.sleep(random.uniform(0.02, 0.1))
 
 
-__all__ = ["make_engine", "normalize_store_url", "redact_url", "validate_identifier"]
+__all__ = ["check_ledger_file", "make_engine", "normalize_store_url", "redact_url",
+           "validate_identifier"]
 
 
 def add_missing_columns(engine: sa.Engine, table: sa.Table, columns: dict[str, Any]) -> None:

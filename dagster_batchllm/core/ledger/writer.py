@@ -10,6 +10,15 @@ A ledger database that goes away (restarted, network cut) pauses the run: writes
 sending waits while a room's worth is unwritten, and once the database is back every answer is
 written once. Only past ``outage_s`` of failing writes does the run stop with an error that
 names the database (its password redacted); the journal keeps the answers for the rerun.
+
+A SQLite ledger file deleted or replaced under the run is not an outage: the open connections
+keep writing to the old file, which no one can open again. Each write checks the file is still
+the one opened (one ``stat``, :func:`.stores.check_ledger_file`); when it is not, the run stops
+sending at once and fails with :class:`~..errors.LedgerVanishedError`, keeping its journal.
+
+The writer also holds the ledger's journal directory: it opens this run's journal there, folds
+the journals of runs that died (at the start, then every ``_FOLD_EVERY_S`` while it runs, and
+whenever the run asks: :meth:`LedgerWriter.fold_abandoned`), and closes both at the end.
 """
 
 from __future__ import annotations
@@ -21,15 +30,20 @@ from typing import Any
 
 import tenacity
 
+from ..errors import LedgerVanishedError
 from .db_timeouts import round_trips_at_most
-from .journal import AnswerJournal
-from .stores import redact_url
+from .journal import AnswerJournal, JournalDirectory
+from .stores import check_ledger_file, redact_url
 from .table import OK, Ledger
 
 _WARN_EVERY_S = 10.0  # while writes fail, one warning per this many seconds
 # Other failures (a full disk, a bad record) are not waited out: after this many in a row the
 # run stops sending.
 _MAX_OTHER_FAILURES = 5
+# While the run goes, the journals of runs that die meanwhile (a neighbour SIGKILLed) are
+# folded within this long, so the requests they had answered are answered from the ledger,
+# not paid again; looking costs an open and a flock per live journal.
+_FOLD_EVERY_S = 1.0
 
 
 def database_away(exc: BaseException) -> bool:
@@ -56,6 +70,7 @@ class LedgerWriter:
         ``journal`` gets each paid-for answer as it is added."""
         self.ledger = ledger
         self.journal = journal
+        self.journals: JournalDirectory | None = None  # the ledger's (open_journals)
         self.outage_s = outage_s
         self.room = max(1, room)
         self.interval_s = interval_s
@@ -76,10 +91,51 @@ class LedgerWriter:
         self._stopping = False
         self._flush_now = asyncio.Event()
         self._written = asyncio.Event()  # set after each write (or failed write)
+        self._fold_at = 0.0  # when the flush loop next folds abandoned journals
 
     @property
     def full(self) -> bool:
-        return len(self._buffer) + self._writing >= self.room
+        """Whether to send nothing new: a room's worth unwritten, or the ledger given up on."""
+        return self.error is not None or len(self._buffer) + self._writing >= self.room
+
+    # -- journals ----------------------------------------------------------------------------
+    def open_journals(self, *, keep_own: bool = True) -> AnswerJournal | None:
+        """Open the ledger's journal directory (JournalUnsafeError: not private), fold the
+        journals of runs that died, and open this run's journal there (``keep_own``: a
+        delivery that keeps its answers durably, the batch book, needs none). Blocking."""
+        self.journals = JournalDirectory.for_ledger(self.ledger, self.log)
+        if self.journals is None:
+            return None
+        try:
+            self.journals.fold_abandoned(self.ledger)
+            self._fold_at = time.monotonic() + _FOLD_EVERY_S
+            self.journal = AnswerJournal(self.journals) if keep_own else None
+        except BaseException:
+            self.close_journals(remove=True)
+            raise
+        return self.journal
+
+    async def fold_abandoned(self) -> int:
+        """Fold the journals of runs that died into the ledger now (their answers are then
+        answered from it, not paid again); cheap when there is none: call it before taking
+        over a dead run's requests. The records folded."""
+        if self.journals is None or self.error is not None:
+            return 0
+        try:
+            return await asyncio.to_thread(self.journals.fold_abandoned, self.ledger)
+        except LedgerVanishedError as exc:
+            self.error = self._vanished(exc)
+            return 0
+
+    def close_journals(self, *, remove: bool) -> None:
+        """End this run's journal (``remove``: every answer is in the ledger) and close the
+        directory."""
+        try:
+            if self.journal is not None:
+                self.journal.close(remove=remove)
+        finally:
+            if self.journals is not None:
+                self.journals.close()
 
     def add(self, record: dict[str, Any], key: str) -> None:
         if self.journal is not None and record["status"] == OK and record["attempts"]:
@@ -119,7 +175,12 @@ class LedgerWriter:
             finally:
                 timer.cancel()
             self._flush_now.clear()
-            if self._stopping or not self._buffer:
+            if self.journals is not None and time.monotonic() >= self._fold_at:
+                await self.fold_abandoned()
+                self._fold_at = time.monotonic() + _FOLD_EVERY_S
+            # A vanished ledger file is not written again: the journal keeps the answers.
+            if (self._stopping or not self._buffer
+                    or isinstance(self.error, LedgerVanishedError)):
                 continue
             # Swap the buffer out here, on the loop: workers keep appending while a thread writes.
             records, self._buffer = self._buffer, []
@@ -148,7 +209,21 @@ class LedgerWriter:
     def where(self) -> str:
         return redact_url(self.ledger.url)
 
+    def _vanished(self, exc: LedgerVanishedError) -> LedgerVanishedError:
+        """``exc`` saying where this run's answers are kept."""
+        if self.journal is not None:
+            kept = (f"this run's answers are kept in its journal {self.journal.path}, which "
+                    f"the next run on a ledger at {exc.path} folds into it")
+        else:
+            kept = "answers written since are not kept; a rerun sends those requests again"
+        return LedgerVanishedError(f"{exc}. Nothing more is sent; {kept}.", path=exc.path)
+
     def _failed(self, exc: Exception, records: int) -> None:
+        if isinstance(exc, LedgerVanishedError):  # no waiting brings the file back
+            if self.error is None:
+                self.error = self._vanished(exc)
+                self.log.error(f"batchllm: {self.error}")
+            return
         now = time.monotonic()
         if self._failing_since is None:
             self._failing_since = now
@@ -176,9 +251,12 @@ class LedgerWriter:
         """The last write, after every worker and ``run()`` have stopped (blocking); retried
         while the database is away, for ``within_s`` (the outage bound by default)."""
         self.write_journal()
+        if isinstance(self.error, LedgerVanishedError):
+            raise self.error
         records, self._buffer = self._buffer, []
         keys, self._keys = self._keys, []
         if not records:
+            self._check_file()
             return
         limit = self.outage_s if within_s is None else within_s
         if self._failing_since is not None:
@@ -193,6 +271,9 @@ class LedgerWriter:
             ):
                 with attempt, round_trips_at_most(round_trip_cap):
                     self._write(records, keys)
+        except LedgerVanishedError as exc:
+            self.error = self._vanished(exc)
+            raise self.error from None
         except Exception as exc:
             exc.add_note(f"batchllm: the ledger database {self.where} could not be written; the "
                          f"{len(records)} outcomes not written are answered from the journal "
@@ -201,8 +282,19 @@ class LedgerWriter:
                 raise self.error from exc
             raise
 
+    def _check_file(self) -> None:
+        """The run's last word: answers written to a ledger file that has vanished since are
+        not kept, and the run must not report success (the journal then stays)."""
+        try:
+            check_ledger_file(self.ledger.engine)
+        except LedgerVanishedError as exc:
+            self.error = self._vanished(exc)
+            raise self.error from None
+
     def _write(self, records: list[dict[str, Any]], keys: list[str]) -> None:
         in_write = self.in_write
         self.ledger.upsert(records, None if in_write is None else
                            (lambda conn: in_write(conn, keys)))
+        # After the commit: a file deleted before it took these records where no one sees them.
+        check_ledger_file(self.ledger.engine)
         self.on_written(keys)

@@ -30,7 +30,6 @@ from ..delivery.base import Attempts, Delivery
 from ..delivery.limits import CostBudget, TokenBudget
 from ..delivery.pool import EndpointPool
 from ..errors import DeferredError, InternalError, RowError
-from ..ledger.journal import AnswerJournal, fold_abandoned, journal_dir_for
 from ..ledger.table import OK, Ledger
 from ..ledger.writer import LedgerUnwritable, LedgerWriter
 from ..results import InferenceStats, RowStatus
@@ -133,12 +132,11 @@ class InferenceRun(RowOutcomes, RunBudgets):
 
     async def _run(self) -> InferenceStats:
         self._started = time.perf_counter()
-        journal_dir = journal_dir_for(self.ledger)
-        await asyncio.to_thread(fold_abandoned, journal_dir, self.ledger, self.log)
-        # A delivery whose answers are kept durably already (the batch book) needs no journal.
-        if self.delivery.keeps_answers:
-            journal_dir = None
-        journal = self._writer.journal = AnswerJournal(journal_dir) if journal_dir else None
+        # The journals of runs that died are folded first (and, by the writer, those of runs
+        # that die while this one goes). A delivery whose answers are kept durably already
+        # (the batch book) needs no journal of its own.
+        await asyncio.to_thread(self._writer.open_journals,
+                                keep_own=not self.delivery.keeps_answers)
         # A delivery that gathers items into requests takes them a request's worth at a time
         # (``items_per_send``, one by default): a worker, and a queue entry, per such parcel.
         per_send = self._per_send = max(1, self.delivery.items_per_send)
@@ -151,8 +149,7 @@ class InferenceRun(RowOutcomes, RunBudgets):
             if coordination is not None:  # claims end in the write of their answers
                 self._writer.in_write = coordination.release_in
         except BaseException:
-            if journal is not None:
-                journal.close(remove=True)  # nothing was sent
+            self._writer.close_journals(remove=True)  # nothing was sent
             raise
         written = False
         stopping: BaseException | None = None
@@ -186,8 +183,7 @@ class InferenceRun(RowOutcomes, RunBudgets):
                 written = True
         finally:
             # Also when the last write fails: close connections, leave the other runs.
-            if journal is not None:
-                journal.close(remove=written)
+            self._writer.close_journals(remove=written)
             try:
                 await self.delivery.close()
             finally:
