@@ -81,12 +81,13 @@ def past_usage(ledger: Ledger, scope: str, model: str) -> PastUsage:
     """The most recent :data:`CALIBRATION_RECORDS` ``ok`` records of ``model`` in ``scope``
     (every scope where ``scope`` is empty) that were paid for and kept their estimate (not
     those copied from the ledger, with no tokens, nor those written before the estimate was
-    kept)."""
+    kept), nor those whose usage a server got wrong (kept at the request's bound, which is
+    no measure: ``usage_corrected``)."""
     t = ledger.table
     recent = sa.select(t.c.prompt_tokens, t.c.estimated_prompt_tokens, t.c.completion_tokens,
                        t.c.cached_tokens).where(
         t.c.status == OK, t.c.model == model, t.c.estimated_prompt_tokens.is_not(None),
-        t.c.estimated_prompt_tokens > 0, t.c.prompt_tokens > 0)
+        t.c.estimated_prompt_tokens > 0, t.c.prompt_tokens > 0, t.c.usage_corrected.is_(None))
     if scope:
         recent = recent.where(t.c.scope == scope)
     recent = recent.order_by(t.c.updated_at.desc()).limit(CALIBRATION_RECORDS).subquery()

@@ -79,10 +79,12 @@ class Price:
 def cost_at(rates: tuple[float, float, float], prompt_tokens: int, completion_tokens: int,
             cached_tokens: int = 0) -> float:
     """USD of a reply's usage at ``rates`` (:meth:`Price.per_token`); the run's hot path, one
-    call per answered row."""
-    cached = cached_tokens if cached_tokens < prompt_tokens else prompt_tokens
-    return ((prompt_tokens - cached) * rates[0] + cached * rates[1]
-            + completion_tokens * rates[2])
+    call per answered row. Never negative: the run holds a server's figures to the request's
+    bound first (``core/usage.py``), and a figure below 0 that reached here anyway costs 0."""
+    cached = (cached_tokens if 0 <= cached_tokens <= prompt_tokens
+              else prompt_tokens if cached_tokens > 0 else 0)
+    cost = (prompt_tokens - cached) * rates[0] + cached * rates[1] + completion_tokens * rates[2]
+    return cost if cost > 0.0 else 0.0
 
 
 def endpoint_prices(value: Price | Mapping[str, Price] | Iterable[Any] | None, *,

@@ -26,7 +26,8 @@ class RowStatus(IntEnum):
 
 # The figures of InferenceStats that several calls' add up to (InferenceStats.add).
 _SUMMED = ("rows", "succeeded", "failed", "deferred", "cached", "deduplicated", "requests",
-           "retries", "prompt_tokens", "completion_tokens", "cached_tokens", "elapsed_s")
+           "retries", "prompt_tokens", "completion_tokens", "cached_tokens", "elapsed_s",
+           "usage_corrected")
 
 
 @dataclass
@@ -64,6 +65,10 @@ class InferenceStats:
     #: it was met, when the rows still unanswered went online, rows answered by batch and
     #: online, and rows answered by both (``duplicate_rows``, ``duplicate_cost_usd``).
     deadline: dict[str, Any] | None = None
+    #: Replies whose usage a server reported as no token count (negative, fractional, not a
+    #: number) or past the request's bound, counted at that bound instead (see
+    #: ``core/usage.py``; the ledger's rows say what was reported, ``usage_corrected``).
+    usage_corrected: int = 0
 
     def add(self, other: InferenceStats) -> None:
         """Add another call's figures to these (several calls reported as one): counts, tokens
@@ -103,11 +108,13 @@ class InferenceStats:
         return data
 
     def summary(self) -> str:
+        corrected = (f", {self.usage_corrected} with the server's usage corrected to the "
+                     "request's bound" if self.usage_corrected else "")
         return (
             f"{self.rows} rows: {self.succeeded} ok ({self.cached} from the ledger), "
             f"{self.failed} failed, {self.deferred} deferred; {self.requests} requests, "
-            f"{self.retries} retries, {self.prompt_tokens + self.completion_tokens} tokens, "
-            f"{self.elapsed_s:.1f} s ({self.rows_per_s:.0f} rows/s)"
+            f"{self.retries} retries, {self.prompt_tokens + self.completion_tokens} tokens"
+            f"{corrected}, {self.elapsed_s:.1f} s ({self.rows_per_s:.0f} rows/s)"
         )
 
 

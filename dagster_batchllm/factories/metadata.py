@@ -215,6 +215,8 @@ def run_figures(stats: InferenceStats, price_for: PriceFor | None = None) -> dic
         metadata["batchllm/run/latency_p95_s"] = stats.latency_p95_s
     if unpriced and price_for is not None:
         metadata["batchllm/cost_note"] = _cost_note(unpriced)
+    if stats.usage_corrected:  # replies whose usage a server got wrong, counted at the bound
+        metadata["batchllm/run/usage_corrected"] = stats.usage_corrected
     metadata["batchllm/run/stats"] = dg.MetadataValue.json(dataclasses.asdict(stats))
     return metadata
 

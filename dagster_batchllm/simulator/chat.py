@@ -67,6 +67,7 @@ class Generation:
                                      self.n, self.prompt_tokens, completion_tokens,
                                      self.cached_tokens,
                                      self.logprobs if outcome == "ok" else None)
+        payload["usage"] = serving.state.reported_usage(payload["usage"])
         if outcome == "no_choices":
             del payload["choices"], payload["usage"]
             return payload, None

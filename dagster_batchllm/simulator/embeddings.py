@@ -88,7 +88,8 @@ class EmbeddingJob:
             vector = (base64.b64encode(packed).decode() if self.base64
                       else list(struct.unpack(f"<{size}f", packed)))
             data.append({"object": "embedding", "index": index, "embedding": vector})
-        usage = {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens}
+        usage = serving.state.reported_usage(
+            {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens})
         payload = {"object": "list", "data": data, "model": self.model, "usage": usage}
         if outcome == "no_choices":  # like chat's: neither the vectors nor usage
             del payload["data"], payload["usage"]

@@ -41,6 +41,12 @@ DEFAULT_CONFIG = {
     # and the latency each prompt token it did not hold adds
     "prefix_cache_tokens": 0,
     "prefill_s_per_token": 0.0,
+    # A server whose figures are wrong: usage fields reported instead of the counted ones
+    # (e.g. {"prompt_tokens": 10**15} or {"completion_tokens": -10**6}, 1.5, "abc"), merged
+    # into the usage of this share of 200 replies (chat, completions, embeddings, batch
+    # lines); the stats keep the counted usage, what an honest bill would say.
+    "reported_usage": None,
+    "reported_usage_rate": 1.0,
     **dict.fromkeys(FAULT_RATES, 0.0),
     # /v1/embeddings
     "embedding_dimensions": 384,
@@ -240,6 +246,17 @@ class SimState:
             if self.config[key]:
                 total += float(self.config[key])
                 self._faults.append((total, outcome))
+
+    def reported_usage(self, counted: dict) -> dict:
+        """The usage a reply reports: the counted one, or with the configured
+        ``reported_usage`` fields instead (on ``reported_usage_rate`` of the replies)."""
+        wrong = self.config["reported_usage"]
+        if not wrong:
+            return counted
+        rate = self.config["reported_usage_rate"]
+        if rate < 1.0 and self.rng.random() >= rate:
+            return counted
+        return {**counted, **wrong}
 
     def push_script(self, outcomes: list, target: str = "requests") -> None:
         if target not in SCRIPT_TARGETS:

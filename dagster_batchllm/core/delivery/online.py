@@ -31,6 +31,7 @@ from ..errors import (
 from ..ledger.writer import LedgerWriter
 from ..run.prompts import RowRequest
 from ..settings import InferenceSettings
+from ..usage import hold_to_bound
 from .base import Attempts, Delivery
 from .endpoint_state import FailingBound
 from .pool import EndpointPool
@@ -192,6 +193,7 @@ class OnlineDelivery(Delivery):
                         f"({retry.max_wait_s:g} s): not waited for, a later call sends it "
                         f"({exc.as_cell()})") from None
             else:
+                hold_to_bound(completion, request)  # a server's figures: never past the bound
                 used = (completion.prompt_tokens + completion.completion_tokens
                         if completion.usage_reported else request.reserve_tokens)
                 attempts.spent += used

@@ -38,6 +38,7 @@ from ..errors import (
 from ..redaction import Redactor, server_error
 from ..run.prompts import RowRequest
 from ..settings import EndpointSpec
+from ..usage import reported_usage
 from .reply_size import ReplyBound, read_bounded, reading, response_hook
 
 
@@ -55,6 +56,9 @@ class Completion:
     #: vLLM's ``usage.prompt_tokens_details.cached_tokens``; 0 where the reply says none):
     #: they cost the cached price.
     cached_tokens: int = 0
+    #: What the server reported where its usage was no count or past the request's bound
+    #: (the figures above are then corrected: see :mod:`..usage`); None: taken as reported.
+    usage_corrected: str | None = None
 
 
 CHAT_ROUTE = "/chat/completions"
@@ -139,20 +143,9 @@ def completion_from_payload(payload: Any, *, endpoint: str, latency_s: float) ->
             f"endpoint '{endpoint}' replied with empty content "
             f"(finish_reason={choice.get('finish_reason')!r})"
         )
-    usage = payload.get("usage")
-    reported = isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int)
-    # One lookup where the server reports no details (most do not); "null" is none too.
-    details = usage.get("prompt_tokens_details") if reported else None
-    cached = details.get("cached_tokens") if type(details) is dict else None
-    return Completion(
-        content=content,
-        prompt_tokens=int(usage.get("prompt_tokens") or 0) if reported else 0,
-        completion_tokens=int(usage.get("completion_tokens") or 0) if reported else 0,
-        usage_reported=reported,
-        finish_reason=choice.get("finish_reason"),
-        latency_s=latency_s,
-        cached_tokens=cached if type(cached) is int and cached > 0 else 0,
-    )
+    prompt, completed, cached, reported, corrected = reported_usage(payload.get("usage"))
+    return Completion(content, prompt, completed, reported, choice.get("finish_reason"),
+                      latency_s, cached_tokens=cached, usage_corrected=corrected)
 
 
 def _connection_error(endpoint: str, exc: BaseException, *, unreachable: bool = False,

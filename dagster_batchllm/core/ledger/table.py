@@ -23,6 +23,7 @@ from ..errors import InferenceConfigError
 from ..settings import DEFAULT_LEDGER_TABLE
 from .db_timeouts import DEFAULT_ROUND_TRIP_TIMEOUT_S
 from .key_lists import KeyList, in_key_order
+from .schema import ADDED_COLUMNS, ledger_table, widen_token_columns
 from .stores import (
     add_missing_columns,
     make_engine,
@@ -47,73 +48,40 @@ def new_record(key: str, scope: str, partition_key: str, model: str, status: str
                prompt_tokens: int, completion_tokens: int, attempts: int,
                endpoint: str | None, latency_ms: float | None, run_id: str | None,
                cached_tokens: int | None = None, cost_usd: float | None = None,
-               estimated_prompt_tokens: int | None = None) -> dict[str, Any]:
+               estimated_prompt_tokens: int | None = None,
+               usage_corrected: str | None = None) -> dict[str, Any]:
     """One ledger record as every writer makes it: every column the upsert writes (so all of
     a write's records share its fast road). ``cost_usd``: what the reply cost at the price
     of the endpoint that gave it (None: no reply, or no price). ``estimated_prompt_tokens``:
-    ``RowRequest.typical_prompt_tokens``, which plans calibrate by (:mod:`..plan`)."""
+    ``RowRequest.typical_prompt_tokens``, which plans calibrate by (:mod:`..plan`).
+    ``usage_corrected``: what the server reported where its usage was no count or past the
+    request's bound (the tokens kept are then that bound, see :mod:`..usage`); None: as
+    reported."""
     return {"request_key": key, "scope": scope, "partition_key": partition_key,
             "model": model, "status": status, "response": response, "error": error,
             "error_type": error_type, "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens, "attempts": attempts,
             "endpoint": endpoint, "latency_ms": latency_ms, "run_id": run_id,
             "cached_tokens": cached_tokens, "cost_usd": cost_usd,
-            "estimated_prompt_tokens": estimated_prompt_tokens}
-
-
-# Columns added after the first ledgers were made: nullable, and added to an older table when
-# it is opened (Ledger._add_new_columns). A record that lacks them (a journal of an older
-# version) writes NULL.
-_ADDED_COLUMNS = {"cached_tokens": sa.Integer, "cost_usd": sa.Float,
-                  "estimated_prompt_tokens": sa.Integer}
-
-
-def _ledger_table(name: str) -> sa.Table:
-    schema, _, table = name.rpartition(".")
-    metadata = sa.MetaData(schema=schema or None)
-    return sa.Table(
-        table,
-        metadata,
-        sa.Column("request_key", sa.String(64), primary_key=True),
-        sa.Column("scope", sa.String(255), primary_key=True, default=""),
-        sa.Column("partition_key", sa.String(255), primary_key=True, default=""),
-        sa.Column("model", sa.String(255), nullable=False),
-        sa.Column("status", sa.String(16), nullable=False),
-        sa.Column("response", sa.Text),
-        sa.Column("error", sa.Text),
-        sa.Column("error_type", sa.String(64)),
-        sa.Column("prompt_tokens", sa.Integer, nullable=False, default=0),
-        sa.Column("completion_tokens", sa.Integer, nullable=False, default=0),
-        sa.Column("attempts", sa.Integer, nullable=False, default=0),
-        sa.Column("endpoint", sa.String(255)),
-        sa.Column("latency_ms", sa.Float),
-        sa.Column("run_id", sa.String(64)),
-        # Before the times: the SQLite upsert's parameters are the record's fields, then them.
-        *(sa.Column(name, kind) for name, kind in _ADDED_COLUMNS.items()),
-        sa.Column("created_at", sa.Float, nullable=False),
-        sa.Column("updated_at", sa.Float, nullable=False),
-        # No index on (request_key, status): the primary key starts with request_key, which
-        # is what lookups need (see Ledger._ok_rows); a second random-key index cost about a
-        # third of every insert. Ledgers made before keep theirs, unused.
-        sa.Index(f"ix_{table}_status_partition", "status", "scope", "partition_key"),
-    )
+            "estimated_prompt_tokens": estimated_prompt_tokens,
+            "usage_corrected": usage_corrected}
 
 
 #: Record fields that all the records of one write usually share (see Ledger._shared_rows).
 _SHARED = ("scope", "partition_key", "model", "status", "error", "error_type", "attempts",
-           "endpoint", "run_id")
+           "endpoint", "run_id", "usage_corrected")
 _SHARED_FIELDS = operator.itemgetter(*_SHARED)
 _SHARED_MIN_RECORDS = 64  # below, a statement of its own per write is not worth compiling
 
 
 _REQUEST_KEY = operator.itemgetter("request_key")
-_ADDED_NULL = dict.fromkeys(_ADDED_COLUMNS)
+_ADDED_NULL = dict.fromkeys(ADDED_COLUMNS)
 
 
 def _with_added_columns(records: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
     """Records of an older version's form (its journal's) with the columns added since as
     NULL, so they take the fast roads too; the others as they are."""
-    if _ADDED_COLUMNS.keys() <= records[0].keys():
+    if ADDED_COLUMNS.keys() <= records[0].keys():
         return records
     return [{**_ADDED_NULL, **r} for r in records]
 
@@ -133,7 +101,7 @@ class Ledger:
             )
         self.url = normalize_store_url(url or "sqlite://")
         self.in_memory = self.url in ("sqlite://", "sqlite:///:memory:")
-        self.table = _ledger_table(table_name)
+        self.table = ledger_table(table_name)
         self.engine = make_engine(self.url, round_trip_timeout_s=statement_timeout_s)
         # (SQL, record -> its values, the statement's constants), on the first SQLite upsert
         self._sqlite_upsert: tuple[str, Any, tuple] | None = None
@@ -147,7 +115,8 @@ class Ledger:
             if not sa.inspect(self.engine).has_table(self.table.name, schema=self.table.schema):
                 raise
         # A table made by an earlier version gets the columns added since.
-        add_missing_columns(self.engine, self.table, _ADDED_COLUMNS)
+        add_missing_columns(self.engine, self.table, ADDED_COLUMNS)
+        widen_token_columns(self.engine, self.table)
 
     def dispose(self) -> None:
         self.engine.dispose()

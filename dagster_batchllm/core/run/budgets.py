@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..delivery.limits import CostBudget, TokenBudget
 from ..errors import DeferredError, InferenceConfigError
 from ..pricing import cost_at
+from ..usage import hold_to_bound
 
 if TYPE_CHECKING:
     from ..delivery.base import Attempts
@@ -120,9 +121,14 @@ class RunBudgets:
 
     def _settle_budgets(self, request: RowRequest, attempts: Attempts, reply: Any) -> None:
         """Replace ``request``'s reservations by what it used (``reply``: its Completion, or
-        None when it got none)."""
+        None when it got none). Never more than was reserved, nor less than nothing, whatever
+        the server reported (:mod:`..usage`): a figure past the bound counts as the bound."""
+        if reply is not None:
+            hold_to_bound(reply, request)
         if self.budget is not None:
-            self.budget.settle(request.reserve_tokens, attempts.spent)
+            spent = attempts.spent
+            reserved = request.reserve_tokens
+            self.budget.settle(reserved, spent if 0 <= spent <= reserved else reserved)
         cost_budget = self.cost_budget
         if cost_budget is not None:
             bound = cost_bound(self.settings, request, batch=self._batch_priced)
@@ -131,7 +137,9 @@ class RunBudgets:
             elif not reply.usage_reported:  # not told: it may have cost its bound
                 actual = bound
             else:
-                actual = self._reply_cost(request.model, attempts.endpoint, reply)
+                # (at most the bound: a price of the endpoint that answered is at most the
+                # dearest, which the bound is at)
+                actual = min(bound, self._reply_cost(request.model, attempts.endpoint, reply))
             cost_budget.settle(bound, actual)
 
     def _reply_cost(self, model: str, endpoint: str | None, reply: Any) -> float:

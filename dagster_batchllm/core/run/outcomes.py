@@ -15,6 +15,7 @@ from ..errors import DeferredError, ErrorType, RowError
 from ..ledger.table import DEFERRED, FAILED, OK, new_record
 from ..pricing import cost_at
 from ..results import RowStatus
+from ..usage import correction_warning, hold_to_bound, within_bound
 
 if TYPE_CHECKING:
     from ..delivery.base import Attempts
@@ -32,6 +33,9 @@ ERROR_TYPE_VALUES = {error_type: error_type.value for error_type in ErrorType}
 class RowOutcomes:
     """Settling rows; mixed into :class:`~.engine.InferenceRun`, whose attributes it uses."""
 
+    #: Whether this run logged a reply whose usage it corrected (it logs the first only).
+    _usage_warned = False
+
     def _conclude(self, state: KeyState, completion: Any, attempts: Attempts) -> None:
         """Settle ``state`` from the reply its request got."""
         self._conclude_many([(state, completion, attempts)])
@@ -48,6 +52,8 @@ class RowOutcomes:
         for state, completion, attempts in answered:
             request = state.request
             latencies.append(completion.latency_s)
+            if completion.usage_corrected is not None or not within_bound(completion, request):
+                self._usage_corrected(completion, request, attempts.endpoint)
             prompt, completed = completion.prompt_tokens, completion.completion_tokens
             prompt_sum += prompt
             completed_sum += completed
@@ -80,6 +86,16 @@ class RowOutcomes:
         stats.prompt_tokens += prompt_sum
         stats.completion_tokens += completed_sum
         self._done_rows += done
+
+    def _usage_corrected(self, completion: Any, request: RowRequest,
+                         endpoint: str | None) -> None:
+        """A reply whose usage was no count or past its request's bound: held to the bound
+        (if nothing did so before), counted, and the call's first one logged."""
+        hold_to_bound(completion, request)
+        self.stats.usage_corrected += 1
+        if not self._usage_warned:
+            self._usage_warned = True
+            self.log.warning(correction_warning(endpoint, completion, request))
 
     # -- outcomes ----------------------------------------------------------------------------
     def _settle_error(self, state: KeyState, error: RowError, attempts: int = 0,
@@ -156,8 +172,9 @@ class RowOutcomes:
         model = request.model
         if completion is None:
             prompt_tokens = completion_tokens = 0
-            latency_ms = cached = cost = estimated = None
+            latency_ms = cached = cost = estimated = corrected = None
         else:
+            corrected = completion.usage_corrected
             # Beside what the server counted, what the dry run estimated: plans calibrate by it.
             estimated = request.typical_prompt_tokens
             prompt_tokens = completion.prompt_tokens
@@ -189,5 +206,5 @@ class RowOutcomes:
         self._writer.add(new_record(
             key, self.scope, self.partition_key, model, status, response, error,
             error_type, prompt_tokens, completion_tokens, attempts, endpoint, latency_ms,
-            self.run_id, cached, cost, estimated), key)
+            self.run_id, cached, cost, estimated, corrected), key)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...usage import TOKEN_CEILING, token_figure
+
 #: Anthropic's image media types; an image of another type cannot be sent.
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 #: Chat fields with a Messages counterpart (or none needed); any other field fails the row.
@@ -179,11 +181,17 @@ def message_answer(message: Any) -> tuple[str, int, int, str | None]:
                    if isinstance(block, dict) and block.get("type") == "text"
                    ) if isinstance(blocks, list) else ""
     usage = message.get("usage") if isinstance(message.get("usage"), dict) else {}
-    prompt = sum(int(usage.get(name) or 0) for name in (
-        "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
+    # A figure that is no token count reads as the ceiling, which the run holds to the
+    # request's bound (core/usage.py): the worst case, never a crash or a negative cost.
+    prompt = min(TOKEN_CEILING, sum(_figure(usage, name) for name in (
+        "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")))
     reason = message.get("stop_reason")
-    return (text, prompt, int(usage.get("output_tokens") or 0),
-            FINISH_REASONS.get(reason, reason))
+    return (text, prompt, _figure(usage, "output_tokens"), FINISH_REASONS.get(reason, reason))
+
+
+def _figure(usage: dict[str, Any], name: str) -> int:
+    value = usage.get(name)
+    return 0 if value is None else token_figure(value)
 
 
 def cache_read_tokens(message: Any) -> int:
@@ -191,7 +199,7 @@ def cache_read_tokens(message: Any) -> int:
     OpenAI's ``cached_tokens``): they cost the cached price."""
     usage = message.get("usage") if isinstance(message, dict) else None
     cached = usage.get("cache_read_input_tokens") if isinstance(usage, dict) else None
-    return cached if type(cached) is int and cached > 0 else 0
+    return 0 if cached is None else token_figure(cached, default=0)
 
 
 def chat_reply(message: Any) -> dict[str, Any]:

@@ -24,6 +24,8 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
+from ...usage import TOKEN_CEILING
+
 from ...errors import EndpointError, ErrorType
 from ..reply_size import CHAT_REPLY_CAP, ENVELOPE_BYTES
 
@@ -145,10 +147,12 @@ def chat_answer_block(lines: list[bytes]) -> tuple[AnswerBlock | None, list[int]
                 and _of(prompt.type, pa.types.is_integer)
                 and _of(completion.type, pa.types.is_integer)):
             return None, every
-        usable = pc.fill_null(pc.and_(
+        usable = pc.fill_null(pc.and_(pc.and_(
             pc.and_(pc.equal(status, 200),
                     pc.greater(pc.fill_null(pc.list_value_length(choices), 0), 0)),
-            pc.and_(pc.is_valid(keys), pc.is_valid(content))), False)
+            pc.and_(pc.is_valid(keys), pc.is_valid(content))),
+            _token_counts(prompt, completion, _field(_field(usage, "prompt_tokens_details"),
+                                                     "cached_tokens"))), False)
         mask = usable.to_numpy(zero_copy_only=False)
         columns = [pc.filter(keys, usable).to_pylist(),
                    pc.filter(content, usable).to_pylist(),
@@ -171,6 +175,23 @@ def chat_answer_block(lines: list[bytes]) -> tuple[AnswerBlock | None, list[int]
         drop = set(blank)
         columns = [[v for i, v in enumerate(column) if i not in drop] for column in columns]
     return AnswerBlock(*columns), others
+
+
+def _token_counts(*figures: Any) -> Any:
+    """Where every one of a line's usage figures is a token count in range (or absent): a
+    line with a figure past it is left to the per-line reader, which corrects and flags it
+    as every reply's usage is (``core/usage.py``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    fine = None
+    for figure in figures:
+        if pa.types.is_null(figure.type):
+            continue
+        within = pc.fill_null(pc.and_(pc.greater_equal(figure, 0),
+                                      pc.less_equal(figure, TOKEN_CEILING)), True)
+        fine = within if fine is None else pc.and_(fine, within)
+    return fine if fine is not None else pa.array([True] * len(figures[0]))
 
 
 def _usage(prompt: Any, completion: Any, usable: Any) -> tuple[list[int], list[int]]:

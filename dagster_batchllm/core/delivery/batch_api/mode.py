@@ -323,6 +323,7 @@ class _Merged:
         s.deduplicated += new.deduplicated
         s.prompt_tokens += new.prompt_tokens
         s.completion_tokens += new.completion_tokens
+        s.usage_corrected += new.usage_corrected
         for model, tokens in new.tokens_by_model.items():
             held = s.tokens_by_model.setdefault(model, {"prompt_tokens": 0,
                                                         "completion_tokens": 0})

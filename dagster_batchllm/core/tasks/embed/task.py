@@ -43,6 +43,7 @@ from ...errors import (
 from ...ledger.journal import JsonSafeText
 from ...run.cells import cell_text
 from ...run.prompts import RowRequest, render_template
+from ...usage import reported_usage
 from ..base import Task, register_task
 from .call import EmbedCall
 
@@ -166,11 +167,11 @@ class EmbedTask(Task):
                     f"endpoint '{endpoint}' answered embeddings whose indexes are not "
                     f"0..{len(data) - 1}")
             data = sorted(data, key=lambda d: d["index"])
-        usage = payload.get("usage")
-        reported = isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int)
-        return Completion(content="", prompt_tokens=usage["prompt_tokens"] if reported else 0,
-                          completion_tokens=0, usage_reported=reported, finish_reason=None,
-                          latency_s=latency_s, payload=[d.get("embedding") for d in data])
+        usage = reported_usage(payload.get("usage"))
+        return Completion(content="", prompt_tokens=usage.prompt_tokens, completion_tokens=0,
+                          usage_reported=usage.reported, finish_reason=None,
+                          latency_s=latency_s, payload=[d.get("embedding") for d in data],
+                          usage_corrected=usage.corrected)
 
     def split_reply(self, reply: Completion, items: list[RowRequest]
                     ) -> list[Completion | RowError]:
@@ -196,7 +197,8 @@ class EmbedTask(Task):
                 continue
             parts.append(Completion(content=content, prompt_tokens=tokens, completion_tokens=0,
                                     usage_reported=reply.usage_reported, finish_reason=None,
-                                    latency_s=reply.latency_s))
+                                    latency_s=reply.latency_s,
+                                    usage_corrected=reply.usage_corrected))
         _decode_together([p for p in parts if not isinstance(p, RowError)], self._arena)
         return parts
 
@@ -238,7 +240,7 @@ def read_embedding_line(payload: Any, *, endpoint: str, latency_s: float) -> Com
     content, _size = _stored_form(reply.payload[0])
     return Completion(content=content, prompt_tokens=reply.prompt_tokens, completion_tokens=0,
                       usage_reported=reply.usage_reported, finish_reason=None,
-                      latency_s=latency_s)
+                      latency_s=latency_s, usage_corrected=reply.usage_corrected)
 
 
 register_line_reader(EMBEDDINGS_ROUTE, read_embedding_line)
