@@ -28,6 +28,7 @@ from pathlib import Path
 from .batch_store import TERMINAL, BatchStore
 from .chat import prepare_generation
 from .embeddings import prepare_embeddings
+from .misbehaving import line_error_message, padded
 from .protocol import Reject, Serving, error_body, responder_failure
 from .state import request_key
 
@@ -56,6 +57,8 @@ class BatchRunner:
     def __init__(self, serving: Serving):
         self.serving, self.state = serving, serving.state
         self._validations: dict[str, _Validation] = {}
+        #: The key the server requires (what its line errors quote with echo_credentials).
+        self.api_key: str | None = None
 
     @property
     def store(self) -> BatchStore:
@@ -301,6 +304,11 @@ class BatchRunner:
         _append(sim["errors"], errors)
         return max(answered, 1)
 
+    def _echoed(self, body: dict) -> dict:
+        body["error"]["message"] = line_error_message(self.state, body["error"]["message"],
+                                                      self.api_key)
+        return body
+
     def answer(self, endpoint: str, body: dict) -> tuple[int, dict, tuple[int, int]]:
         """One line's status, response body and (prompt, completion) tokens."""
         try:
@@ -309,14 +317,16 @@ class BatchRunner:
             else:
                 job = prepare_generation(self.serving, body, endpoint == "/v1/chat/completions")
         except Reject as exc:
-            return exc.status, exc.body(), (0, 0)
+            return exc.status, self._echoed(exc.body()), (0, 0)
         except Exception as exc:  # a responder's refusal or a bug fails the line, as online
             failure = responder_failure(exc)
-            return failure.status, failure.body(), (0, 0)
+            return failure.status, self._echoed(failure.body()), (0, 0)
         outcome = self.state.next_line_outcome()
         if outcome != "ok":
-            return outcome, error_body(outcome, f"simulated {outcome} error"), (0, 0)
+            return outcome, self._echoed(error_body(outcome, f"simulated {outcome} error")), (0, 0)
         payload, usage = job.render(self.serving)
+        if self.state.config["huge_reply_bytes"]:
+            payload = padded(payload, self.state.config["huge_reply_bytes"])
         return 200, payload, (usage["prompt_tokens"], usage.get("completion_tokens", 0))
 
 

@@ -263,7 +263,9 @@ class SimulatedEndpoint:
     def configure(self, **settings) -> None:
         """Change any `DEFAULT_CONFIG` setting while running: latency_s, fault rates,
         retry_after_s, seed, rate limits, embedding and image limits, the batch_*_s stage
-        times, batch_line_error_rate / _status, batch_expire_after_fraction, ..."""
+        times, batch_line_error_rate / _status, batch_expire_after_fraction, echo_credentials
+        and huge_reply_bytes / huge_reply_declared (a careless server: see
+        `dagster_batchllm.simulator.misbehaving`), ..."""
         unknown = set(settings) - set(DEFAULT_CONFIG)
         if unknown:
             raise ValueError(f"unknown setting(s) {sorted(unknown)}; "

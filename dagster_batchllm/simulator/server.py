@@ -29,6 +29,7 @@ from .batch_runner import BatchRunner
 from .chat import prepare_generation
 from .embeddings import prepare_embeddings
 from .images import ImageReject
+from .misbehaving import echo_middleware, huge_reply
 from .protocol import Job, Reject, Serving, error_response, responder_failure
 from .responders import EchoResponder, Responder, load_responder, responder_embedding_models
 from .state import SERVER_COMMANDS, SimState, Tally, control
@@ -64,10 +65,12 @@ class _App:
         self.slots = asyncio.Semaphore(settings.max_concurrency)
         self.state = state
         self.runner = BatchRunner(self.serving)
+        self.runner.api_key = settings.api_key  # (quoted by its line errors: echo_credentials)
 
     def build(self) -> web.Application:
         # (Anthropic's batches come inline, up to 256 MB in one create call)
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=MAX_BODY_BYTES,
+                              middlewares=[echo_middleware(self.state)])
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
@@ -198,6 +201,9 @@ class _App:
             entry[2], entry[3] = usage.values()
         if outcome == "ok":
             tally.count_ok(job.body)
+        if st.config["huge_reply_bytes"]:
+            return await huge_reply(request, payload, st.config["huge_reply_bytes"],
+                                    st.config["huge_reply_declared"])
         return web.Response(body=data, content_type="application/json")
 
     async def _stall(self, request: web.Request, data: bytes) -> web.StreamResponse:

@@ -41,6 +41,12 @@ DEFAULT_CONFIG = {
     # and the latency each prompt token it did not hold adds
     "prefix_cache_tokens": 0,
     "prefill_s_per_token": 0.0,
+    # A careless server (see misbehaving.py): error messages that quote the request's
+    # credentials, and 200 replies padded to this many bytes (0: none), with or without a
+    # Content-Length
+    "echo_credentials": False,
+    "huge_reply_bytes": 0,
+    "huge_reply_declared": True,
     # A server whose figures are wrong: usage fields reported instead of the counted ones
     # (e.g. {"prompt_tokens": 10**15} or {"completion_tokens": -10**6}, 1.5, "abc"), merged
     # into the usage of this share of 200 replies (chat, completions, embeddings, batch

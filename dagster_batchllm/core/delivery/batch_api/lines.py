@@ -24,9 +24,8 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-from ...usage import TOKEN_CEILING
-
 from ...errors import EndpointError, ErrorType
+from ...usage import TOKEN_CEILING
 from ..reply_size import CHAT_REPLY_CAP, ENVELOPE_BYTES
 
 #: Lines parsed at once: a few MB of replies, so memory stays flat in the file's size.
@@ -47,27 +46,36 @@ def line_blocks(chunks: Iterable[bytes], block_lines: int = BLOCK_LINES,
     is dropped as it is read (never held whole) and its place taken by its oversized marker
     (see the module)."""
     block: list[bytes] = []
-    rest = b""
-    dropping = 0  # bytes of the line being dropped so far (0: none is)
+    pieces: list[bytes] = []  # the line not ended yet (joined once, where it ends)
+    size = dropping = 0  # its bytes; those of the line being dropped (0: none is)
+    head = b""  # the dropped line's start
     for chunk in chunks:
         if dropping:
             end = chunk.find(b"\n")
             if end < 0:
                 dropping += len(chunk)
                 continue
-            block.append(_oversized(rest, dropping + end))
-            rest, dropping, chunk = b"", 0, chunk[end + 1:]
-        parts = (rest + chunk).split(b"\n")
+            block.append(_oversized(head, dropping + end))
+            dropping, chunk = 0, chunk[end + 1:]
+        if b"\n" not in chunk:
+            pieces.append(chunk)
+            size += len(chunk)
+            if size > max_line_bytes:
+                head, dropping, pieces, size = b"".join(pieces)[:_HEAD_BYTES], size, [], 0
+            continue
+        parts = (b"".join(pieces) + chunk if pieces else chunk).split(b"\n")
         rest = parts.pop()
+        pieces, size = ([rest], len(rest)) if rest else ([], 0)
         block.extend(p if len(p) <= max_line_bytes else _oversized(p[:_HEAD_BYTES], len(p))
                      for p in parts if p.strip())
-        if len(rest) > max_line_bytes:
-            dropping, rest = len(rest), rest[:_HEAD_BYTES]
+        if size > max_line_bytes:
+            head, dropping, pieces, size = rest[:_HEAD_BYTES], size, [], 0
         while len(block) >= block_lines:
             yield block[:block_lines]
             block = block[block_lines:]
+    rest = b"".join(pieces)
     if dropping:
-        block.append(_oversized(rest, dropping))
+        block.append(_oversized(head, dropping))
     elif rest.strip():
         block.append(rest)
     if block:
