@@ -311,6 +311,26 @@ def test_the_budget_in_usd_holds_whatever_the_server_reports(sim, make_settings,
         assert 0 <= second.stats.cost_usd <= budget
 
 
+def test_a_plan_is_not_calibrated_by_corrected_records(sim, make_settings):
+    """A past partition answered with negative completion counts made the next partition's
+    plan nearly free, so any budget passed it and the run paid 4x its budget."""
+    from dagster_batchllm.core.errors import InferenceConfigError
+
+    sim.configure(reported_usage={"completion_tokens": -10**6})
+    with _priced_client(make_settings, sim) as client:
+        assert _infer(client, _frame(40, "past"), partition_key="past").stats.succeeded == 40
+        new = _frame(40, "new")
+        honest = client.estimate(new, prompt="{text}", model=MODEL, output_column="out",
+                                 max_tokens=MAX_TOKENS).estimated_cost_usd
+        plan = client.plan(new, prompt="{text}", model=MODEL, output_column="out",
+                           max_tokens=MAX_TOKENS)
+        assert plan.cost_usd == pytest.approx(honest) and "calibrated" not in plan.basis
+        sent = sim.stats(log=False)["requests"]
+        with pytest.raises(InferenceConfigError, match="nothing was sent"):
+            _infer(client, new, budget_usd=round(honest / 4, 6), partition_key="new")
+        assert sim.stats(log=False)["requests"] == sent
+
+
 def test_embedding_usage_that_is_no_count_is_corrected_per_row(embed_sim, make_client):
     embed_sim.configure(reported_usage={"prompt_tokens": -10**6})
     try:
