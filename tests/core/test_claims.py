@@ -104,6 +104,7 @@ class _FailingCoordinator:
     def __init__(self, failures: list[Exception]):
         self.failures = list(failures)
         self.calls = 0
+        self.taken_over = 0
 
     def claim(self, keys: list[str]) -> set[str]:
         self.calls += 1

@@ -64,6 +64,9 @@ class RunCoordination(Generic[Item]):
         self.where = where
         # request key -> item, for requests another live run is sending: waited for
         self.parked: dict[str, Item] = {}
+        # Awaited after a claim took over requests of a run that is gone and before the
+        # caller looks them up: folds that run's journal into the ledger (the engine sets it).
+        self.before_takeover: Callable[[], Awaitable[Any]] | None = None
         # False while the run only waits for parked requests: its share of each endpoint
         # goes to the runs that send them (see RunCoordinator.heartbeat).
         self.sending = True
@@ -138,8 +141,9 @@ class RunCoordination(Generic[Item]):
         others = 0
         pause = _CLAIM_RETRY_FIRST_S
         while True:
+            taken_over = self.coordinator.taken_over
             try:
-                return await asyncio.to_thread(self.coordinator.claim, keys)
+                held = await asyncio.to_thread(self.coordinator.claim, keys)
             except Exception as exc:
                 now = clock()
                 if failing_since is None:
@@ -162,6 +166,10 @@ class RunCoordination(Generic[Item]):
                         f"{self.outage_s:g} s: {reason}")
                 await asyncio.sleep(pause * (0.5 + random.random()))
                 pause = min(_CLAIM_RETRY_MAX_S, pause * 2)
+                continue
+            if self.coordinator.taken_over != taken_over and self.before_takeover is not None:
+                await self.before_takeover()
+            return held
 
     def release_in(self, conn: Any, keys: list[str]) -> None:
         """End the claims on requests whose outcomes ``conn``'s transaction writes (the

@@ -147,6 +147,9 @@ class RunCoordinator:
         # endpoint -> requests this run may have in flight (set by each heartbeat)
         self.capacities: dict[str, int] = {}
         self.claims = _claims_table(ledger_table)
+        # Claims taken over from runs that are gone, so far: the caller folds their journals
+        # before it looks those requests up (their answers may be there, paid for already).
+        self.taken_over = 0
         self._claims_sql = engine.dialect.identifier_preparer.format_table(self.claims)
         self._sqlite_claim_sql: str | None = None  # compiled on the first claim
         # host:pid:pool:random, so that a run on the same host can tell this process is gone.
@@ -295,6 +298,7 @@ class RunCoordinator:
                 gone = [key for key, holder in held if holder not in live]
                 others.update(key for key, holder in held if holder in live)
                 if gone:  # take over the claims of runs that are gone (still in key order)
+                    self.taken_over += len(gone)
                     conn.execute(c.delete().where(c.c.request_key.in_(gone),
                                                   c.c.holder_id.not_in(live)))
                     self._insert_claims(conn, backend, gone, now)

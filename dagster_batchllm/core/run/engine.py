@@ -148,6 +148,7 @@ class InferenceRun(RowOutcomes, RunBudgets):
                 description=f"run {self.run_id or '-'} partition {self.partition_key or '-'}")
             if coordination is not None:  # claims end in the write of their answers
                 self._writer.in_write = coordination.release_in
+                coordination.before_takeover = self._writer.fold_abandoned
         except BaseException:
             self._writer.close_journals(remove=True)  # nothing was sent
             raise
