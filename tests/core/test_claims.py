@@ -55,7 +55,7 @@ def test_concurrent_claims_of_overlapping_keys_in_any_order_never_deadlock(postg
                     held_by[index] = set(mine) - others
                     barrier.wait(timeout=60)
                     coordinator.release(held_by[index])
-                except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+                except BaseException as exc:
                     failures.append(exc)
                     barrier.abort()
                     return

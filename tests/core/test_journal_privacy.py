@@ -16,7 +16,6 @@ import tempfile
 import pandas as pd
 import pytest
 
-from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.errors import JournalUnsafeError
 from dagster_batchllm.core.ledger.journal import (
     AnswerJournal,

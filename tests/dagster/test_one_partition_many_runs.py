@@ -1,4 +1,4 @@
-"""Four Dagster materializations of one partition at once, one PostgreSQL ledger: each row paid once.
+"""Four Dagster materializations of one partition at once, one PostgreSQL ledger: paid once.
 
 Four runs of one 1,000-row partition sent 1,524 requests (claims deadlocked and the runs sent
 without them). Each process here is a real Dagster run (``dg.materialize`` with its own
@@ -16,7 +16,6 @@ import uuid
 import pytest
 
 from dagster_batchllm.testing import SimulatedEndpoint
-
 from tests.core.test_runs_over_the_same_rows import drop_tables
 
 ROWS = 1_000

@@ -234,8 +234,9 @@ async def cancel_unfinished(book: BatchBook, protocols: dict[str, Any], scope: s
             try:
                 protocols[row["endpoint"]].cancel(row["batch_id"])
             except Exception as exc:  # ended meanwhile, or the provider refuses: it may answer
+                reason = protocols[row["endpoint"]].redact.describe(exc, 200)
                 log.warning(f"batchllm: cancelling batch {row['batch_id']} failed "
-                            f"({type(exc).__name__}: {str(exc)[:200]}); its answers after "
+                            f"({reason}); its answers after "
                             "the switch count as duplicates")
         return subs
     return await asyncio.to_thread(cancel)
