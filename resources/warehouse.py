@@ -69,25 +69,35 @@ class WarehouseResource(dg.ConfigurableResource):
         return sa.inspect(self.engine).has_table(validate_identifier(table, "table"))
 
     def ensure_source_table(self) -> None:
-        """Load the shipped transcripts into ``call_center_transcripts`` if it is missing."""
+        """Load the shipped transcripts into ``call_center_transcripts`` if it is missing.
+
+        Every step process sets the resource up, so several seed a fresh warehouse at once:
+        the check and the load are one writing transaction (BEGIN IMMEDIATE on SQLite), or
+        each would see no table and the raw calls would be loaded twice."""
         if sa.inspect(self._engine).has_table(SOURCE_TABLE):
             return
         # Null transcripts are empty CSV fields (read as NaN); blank ones are a lone space.
         calls = pd.read_csv(DATASET, dtype=str)
-        self.append_rows(SOURCE_TABLE, calls.astype(object).where(calls.notna(), None))
+        with self._engine.begin() as conn:
+            if not sa.inspect(conn).has_table(SOURCE_TABLE):
+                self._append(conn, SOURCE_TABLE, calls.astype(object).where(calls.notna(), None))
 
     def append_rows(self, table: str, df: pd.DataFrame) -> int:
         """Append rows, stamping each with an increasing ``ingest_id`` (the new-data cursor)."""
         validate_identifier(table, "table")
-        df = _with_partition_column(df)
         with self.engine.begin() as conn:
-            start = 0
-            if sa.inspect(conn).has_table(table):
-                start = conn.execute(
-                    sa.text(f'SELECT COALESCE(MAX(ingest_id), 0) FROM "{table}"')
-                ).scalar_one()
-            df = df.assign(ingest_id=range(start + 1, start + 1 + len(df)))
-            _storable(df).to_sql(table, conn, if_exists="append", index=False)
+            return self._append(conn, table, df)
+
+    @staticmethod
+    def _append(conn: sa.Connection, table: str, df: pd.DataFrame) -> int:
+        df = _with_partition_column(df)
+        start = 0
+        if sa.inspect(conn).has_table(table):
+            start = conn.execute(
+                sa.text(f'SELECT COALESCE(MAX(ingest_id), 0) FROM "{table}"')
+            ).scalar_one()
+        df = df.assign(ingest_id=range(start + 1, start + 1 + len(df)))
+        _storable(df).to_sql(table, conn, if_exists="append", index=False)
         return len(df)
 
     def read_partition(self, table: str, partition_key: str | Sequence[str]) -> pd.DataFrame:
