@@ -47,12 +47,11 @@ with open(out_path, "w") as f:
 """
 
 
-def run_processes(n: int, sim: SimulatedEndpoint, store_url: str, table: str, tmp_path
-                  ) -> list[dict]:
-    """``n`` processes over the same rows at once; each one's figures."""
+def run_at_once(script: str, argv: list[str], n: int, tmp_path) -> list[dict]:
+    """``n`` processes of ``script`` at once, each given ``argv`` and then the path of the JSON
+    file it writes its figures to; those figures, once every process ended well."""
     outs = [tmp_path / f"{uuid.uuid4().hex}.json" for _ in range(n)]
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, sim.base_url, store_url, table,
-                               str(ROWS), str(CONCURRENCY), str(out)],
+    procs = [subprocess.Popen([sys.executable, "-c", script, *argv, str(out)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
              for out in outs]
     logs = []
@@ -68,6 +67,13 @@ def run_processes(n: int, sim: SimulatedEndpoint, store_url: str, table: str, tm
         # Claims are retried, never skipped: no run sent anything without one.
         assert "sending them anyway" not in log and "deadlock" not in log.lower(), log[-3000:]
     return [json.loads(out.read_text()) for out in outs]
+
+
+def run_processes(n: int, sim: SimulatedEndpoint, store_url: str, table: str, tmp_path
+                  ) -> list[dict]:
+    """``n`` processes over the same rows at once; each one's figures."""
+    return run_at_once(WORKER, [sim.base_url, store_url, table, str(ROWS), str(CONCURRENCY)],
+                       n, tmp_path)
 
 
 def drop_tables(store_url: str, table: str) -> None:

@@ -8,15 +8,12 @@ PostgreSQL ledger; the simulator counts what it answered twice.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import uuid
 
 import pytest
 
 from dagster_batchllm.testing import SimulatedEndpoint
-from tests.core.test_runs_over_the_same_rows import drop_tables
+from tests.core.test_runs_over_the_same_rows import drop_tables, run_at_once
 
 ROWS = 1_000
 CONCURRENCY = 32
@@ -57,23 +54,8 @@ with open(out_path, "w") as f:
 
 def materialize_at_once(n: int, sim: SimulatedEndpoint, store_url: str, table: str,
                         tmp_path) -> list[dict]:
-    outs = [tmp_path / f"{uuid.uuid4().hex}.json" for _ in range(n)]
-    procs = [subprocess.Popen([sys.executable, "-c", RUN, sim.base_url, store_url, table,
-                               str(ROWS), str(CONCURRENCY), str(out)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for out in outs]
-    logs = []
-    for proc in procs:
-        try:
-            logs.append(proc.communicate(timeout=240)[0].decode(errors="replace"))
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for proc, log in zip(procs, logs, strict=True):
-        assert proc.returncode == 0, log[-3000:]
-        assert "sending them anyway" not in log and "deadlock" not in log.lower(), log[-3000:]
-    return [json.loads(out.read_text()) for out in outs]
+    return run_at_once(RUN, [sim.base_url, store_url, table, str(ROWS), str(CONCURRENCY)],
+                       n, tmp_path)
 
 
 @pytest.mark.postgres
