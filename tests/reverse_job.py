@@ -7,14 +7,12 @@ online, through the batch API and as a dry run; tests/dagster/test_call_asset.py
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dagster_batchllm.core.delivery.transport import CHAT_ROUTE, parse_completion
 from dagster_batchllm.core.errors import InvalidInputError, RowError
-from dagster_batchllm.core.run.prompts import RowRequest
+from dagster_batchllm.core.requests import RowRequest, encode_body, keyed_request
 from dagster_batchllm.core.tasks.base import CallBase, Task, register_task
 
 MODEL = "reverser"
@@ -65,11 +63,9 @@ class ReverseTask(Task):
             if not isinstance(text, str) or not text:
                 yield InvalidInputError("the cell holds no text to reverse")
                 continue
-            body = json.dumps({"model": model, "max_tokens": 64,
-                               "messages": [{"role": "user", "content": text}]}).encode()
-            yield RowRequest(key=hashlib.sha256(b"reverse\0" + body).hexdigest(), model=model,
-                             body=body, reserve_tokens=len(body) + 64,
-                             typical_prompt_tokens=len(text) // 4 + 1, max_tokens=64)
+            body = encode_body({"model": model, "max_tokens": 64,
+                                "messages": [{"role": "user", "content": text}]})
+            yield keyed_request(model, body, [text], max_tokens=64)
 
     def value(self, content: str) -> str:
         return content

@@ -277,9 +277,11 @@ def test_every_imported_module_path_exists(graph):
 
 
 # At most this many modules directly in core/ (the rest in subpackages by concern), and no module
-# longer than this: past it a module holds more than one concern.
+# longer than this. Modules are split by concern, never by size: the bound is soft and well above
+# what one concern takes here (a 450-line cap split single concepts into pairs and mixins); a
+# module past it most likely holds two.
 CORE_MODULES_AT_MOST = 15
-MODULE_LINES_AT_MOST = 450
+MODULE_LINES_AT_MOST = 800
 
 
 def test_core_holds_few_modules_directly():

@@ -22,21 +22,22 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from .delivery.batch_api.mode import BatchModeCall, check_delivery, check_mode
+from .batch.mode import BatchModeCall, check_delivery, check_mode
 from .delivery.online import OnlineDelivery
 from .delivery.pool import EndpointPool
 from .delivery.transport import make_transport
 from .errors import InferenceConfigError
 from .ledger.table import Ledger
 from .plan import BATCH_API, ONLINE, DryCount, Plan, make_plan
+from .requests import distinct_requests
 from .results import InferenceEstimate, InferenceResult
 from .run.budgets import check_planned_cost
 from .run.engine import InferenceRun
 from .run.figures import estimate_cost, paid_totals
-from .run.prompts import distinct_requests, row_tuples
 from .settings import InferenceSettings
 from .tasks.base import CallBase, Task, task_type_for
 from .tasks.chat.call import InferenceCall
+from .tasks.chat.rendering import row_tuples
 from .tasks.chat.task import ChatTask  # noqa: F401  (registers the chat job)
 from .tasks.embed.call import EmbedCall
 from .tasks.embed.task import EmbedTask  # noqa: F401  (registers the embeddings job)

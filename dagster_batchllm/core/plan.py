@@ -40,7 +40,7 @@ from .ledger.table import OK
 if TYPE_CHECKING:
     from .ledger.table import Ledger
     from .pricing import Price
-    from .run.prompts import RowRequest
+    from .requests import RowRequest
     from .settings import InferenceSettings
 
 #: Fewer past records than this of a (scope, model), and the plan takes the bound.

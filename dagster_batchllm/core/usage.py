@@ -25,8 +25,7 @@ import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from .delivery.transport import Completion
-    from .run.prompts import RowRequest
+    from .requests import Completion, RowRequest
 
 #: The most tokens one figure of one reply is read as: PostgreSQL's INTEGER (what the batch
 #: book's columns are), far above any context window. A figure above it, negative or no count

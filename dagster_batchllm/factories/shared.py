@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Literal
 
 import dagster as dg
 
-from ..core.delivery.batch_api.mode import check_mode
+from ..core.batch.mode import check_mode
 from ..core.errors import InferenceConfigError
 from ..core.ledger.stores import validate_identifier
 from .checks import EMPTY_PARTITION_POLICIES, inference_check_specs

@@ -29,7 +29,7 @@ import pandas as pd
 from ..core.errors import InferenceConfigError, RowError
 from ..core.ledger.stores import validate_identifier
 from ..core.results import InferenceStats
-from ..core.run.cells import cell_text
+from ..core.tasks.cells import cell_text
 from .reduce import GroupInput, ReduceFigures, reduce_groups, reduce_options
 
 

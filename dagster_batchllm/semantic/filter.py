@@ -33,7 +33,7 @@ from typing import Any
 
 from ..ai_functions.calls import BoundCall, read_outcome, sendable
 from ..ai_functions.catalogue import FUNCTIONS
-from ..core.delivery.batch_api.mode import check_delivery
+from ..core.batch.mode import check_delivery
 from ..core.errors import InferenceConfigError
 from ..core.results import InferenceStats
 from .cascade import CLASSIFY, FILTER, CascadeReport, acascade

@@ -19,8 +19,9 @@ import json
 import math
 from typing import Any, NamedTuple
 
-from ..core.delivery.transport import Completion, completion_from_payload, json_reply
+from ..core.delivery.transport import completion_from_payload, json_reply
 from ..core.errors import StructuredOutputError
+from ..core.requests import Completion
 from ..core.tasks.base import register_task
 from ..core.tasks.chat.call import InferenceCall
 from ..core.tasks.chat.task import ChatTask

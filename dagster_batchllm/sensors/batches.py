@@ -29,9 +29,9 @@ from typing import Any
 
 import dagster as dg
 
+from ..core.batch.deadline import iso
 from ..core.delivery.batch_api.book import COLLECTED, ENDED, SUBMIT_FAILED, BatchBook
 from ..core.delivery.batch_api.collect import BatchCollector
-from ..core.delivery.batch_api.deadline import iso
 from ..core.delivery.batch_api.protocol import protocol_for
 from ..core.delivery.batch_api.waits import waiting_for_batches
 from ..core.ledger.table import Ledger

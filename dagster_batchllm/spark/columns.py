@@ -26,14 +26,11 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import worker
-from .active import active_ai
+from .active import SparkBinding, active_ai
 from .job import RESULT_STRUCT_DDL
-
-if TYPE_CHECKING:
-    from .session import SparkAI
 
 
 def ai_query_col(model: Any, prompt: Any, *, images: Any = None, fail_on_error: bool = True,
@@ -41,7 +38,7 @@ def ai_query_col(model: Any, prompt: Any, *, images: Any = None, fail_on_error: 
                  response_format: Any = None, system: str | None = None,
                  token_budget: int | None = None, partition_key: str | None = None,
                  run_id: str | None = None, scope: str | None = None,
-                 ai: SparkAI | None = None, **params: Any) -> Any:
+                 ai: SparkBinding | None = None, **params: Any) -> Any:
     """A column answering ``prompt`` (a Column or column name) with ``model`` per row.
 
     ``model`` is a served model name (or an endpoint serving one model), or a Column to route

@@ -18,19 +18,16 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..ai_functions.embeddings import embedding_result_type
 from ..core.errors import InferenceConfigError
 from . import embed_worker
-from .active import active_ai
+from .active import SparkBinding, active_ai
 from .embed_worker import VECTOR_DDL, VECTOR_STRUCT_DDL, EmbedJob, executor_embed_call
 
-if TYPE_CHECKING:
-    from .session import SparkAI
 
-
-def embedding_job(ai: SparkAI, *, fail_on_error: bool, model: str | None = None,
+def embedding_job(ai: SparkBinding, *, fail_on_error: bool, model: str | None = None,
                   dimensions: int | None = None, inputs_per_request: int = 64,
                   partition_key: str | None = None, run_id: str | None = None,
                   scope: str | None = None, where: str = "embed_col") -> EmbedJob:
@@ -49,7 +46,7 @@ def embedding_job(ai: SparkAI, *, fail_on_error: bool, model: str | None = None,
                     run_id=run_id if run_id is not None else ai.run_id)
 
 
-def check_embedding_model(ai: SparkAI, model: str, where: str) -> str:
+def check_embedding_model(ai: SparkBinding, model: str, where: str) -> str:
     served = ai.settings.embedding_models
     if model not in served:
         raise InferenceConfigError(
@@ -61,7 +58,7 @@ def check_embedding_model(ai: SparkAI, model: str, where: str) -> str:
 def embed_col(model: str, text: Any, *, fail_on_error: bool = True,
               dimensions: int | None = None, inputs_per_request: int = 64,
               partition_key: str | None = None, run_id: str | None = None,
-              scope: str | None = None, ai: SparkAI | None = None) -> Any:
+              scope: str | None = None, ai: SparkBinding | None = None) -> Any:
     """A column of ``model``'s vectors of ``text`` (a Column or column name): ``ARRAY<FLOAT>``,
     or ``STRUCT<result, errorMessage>`` with ``fail_on_error=False``. NULL or blank text is
     NULL without a request."""
@@ -82,7 +79,7 @@ def embed_col(model: str, text: Any, *, fail_on_error: bool = True,
 class EmbeddingQueries:
     """The SQL ``ai_query`` UDFs for embedding models, chosen by the query builder."""
 
-    def __init__(self, ai: SparkAI):
+    def __init__(self, ai: SparkBinding):
         from pyspark.sql.functions import pandas_udf
 
         self.ai = ai

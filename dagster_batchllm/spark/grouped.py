@@ -21,16 +21,13 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.errors import InferenceConfigError
 from ..core.tasks.chat.call import template_fields
 from . import worker
-from .active import active_ai
+from .active import SparkBinding, active_ai
 from .job import RESULT_STRUCT_DDL, ROUTED_MODEL_COLUMN
-
-if TYPE_CHECKING:
-    from .session import SparkAI
 
 _BUCKET = "_batchllm_bucket"
 
@@ -42,7 +39,7 @@ def infer_grouped(df: Any, *, model_column: str, prompt: str | None = None,
                   temperature: float | None = None, response_format: Any = None,
                   token_budget: int | None = None, partition_key: str | None = None,
                   run_id: str | None = None, scope: str | None = None,
-                  ai: SparkAI | None = None, **params: Any) -> Any:
+                  ai: SparkBinding | None = None, **params: Any) -> Any:
     """``df`` plus ``output_column``, each row answered by the model its ``model_column`` names.
 
     ``prompt`` is a template over columns (``"Summarize: {text}"``) or ``prompt_column`` names

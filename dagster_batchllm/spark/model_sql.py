@@ -15,7 +15,7 @@ from typing import Any
 
 from ..ai_functions.types import parse_type
 from ..core.errors import InferenceConfigError
-from ..core.tasks.predict.task import PredictCall
+from ..core.tasks.predict.call import PredictCall
 from .model_worker import ERROR_FIELD, RESULT_FIELD, ModelJob, scalar_function
 
 

@@ -21,11 +21,11 @@ import pandas as pd
 
 from ..core.run.gc_pacing import fewer_collections
 from ..core.settings import InferenceSettings
+from ..core.tasks.predict.call import PredictCall
 from ..core.tasks.predict.keyed import score_keyed
 from ..core.tasks.predict.keyed_writes import BackgroundWrites
 from ..core.tasks.predict.models import IN_PROCESS, ResolvedModel, load_model
 from ..core.tasks.predict.scoring import predict_isolating_errors
-from ..core.tasks.predict.task import PredictCall
 from .worker import client_for
 
 RESULT_FIELD, ERROR_FIELD = "result", "errorMessage"

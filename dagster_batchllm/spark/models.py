@@ -38,8 +38,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.errors import InferenceConfigError
+from ..core.tasks.predict.call import PredictCall
 from ..core.tasks.predict.models import SERVED, resolve_models
-from ..core.tasks.predict.task import PredictCall
 from .job import split_for_slots
 from .model_worker import (
     ERROR_FIELD,

@@ -40,9 +40,9 @@ from ..ai_functions.outcomes import AIQueryError, with_error
 from ..core.client import InferenceClient
 from ..core.errors import DeferredError, ErrorType, RowError
 from ..core.file_policy import FilePolicy, under_policy
-from ..core.run.prompts import iter_row_requests, row_tuples
 from ..core.settings import InferenceSettings
 from ..core.tasks.chat.call import InferenceCall
+from ..core.tasks.chat.rendering import iter_row_requests, row_tuples
 from .budget import SharedTokenBudget
 from .job import (
     ERROR_FIELD,

@@ -9,8 +9,8 @@ from batch_helpers import MODEL, PROMPT, batch_stats, book_of, frame
 
 from dagster_batchllm.core.delivery.batch_api.waits import waiting_for_batches, waiting_in_ledger
 from dagster_batchllm.core.errors import InferenceConfigError
-from dagster_batchllm.core.run.prompts import iter_row_requests, row_tuples
 from dagster_batchllm.core.tasks.chat.call import InferenceCall
+from dagster_batchllm.core.tasks.chat.rendering import iter_row_requests, row_tuples
 
 
 def infer(client, df, **kwargs):
@@ -230,7 +230,7 @@ def test_predictions_are_refused_in_batch_mode_saying_why(quick, store_url):
     upload /invocations lines to a Files API it does not have."""
     from dagster_batchllm.core.client import InferenceClient
     from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
-    from dagster_batchllm.core.tasks.predict.task import PredictCall
+    from dagster_batchllm.core.tasks.predict.call import PredictCall
 
     settings = InferenceSettings(
         endpoints=(EndpointSpec(name="scorer", base_url=quick.base_url, models=("risk",),
@@ -355,7 +355,7 @@ def test_waiting_logs_each_batch_and_its_request_counts(make_client, caplog):
 
 def test_a_pass_in_slices_submits_a_key_of_two_slices_once_and_names_its_batch(
         held, make_client, monkeypatch):
-    from dagster_batchllm.core.delivery.batch_api import mode as batch_mode
+    from dagster_batchllm.core.batch import mode as batch_mode
 
     monkeypatch.setattr(batch_mode, "_SLICE_ROWS", 40)  # engine runs of 40 rows, one file
     client = make_client(held)
@@ -382,7 +382,7 @@ def test_keys_placed_without_a_lookup_are_decided_from_their_lines_after_all(
     key that has a line after all (an answer collected at the pass's start, a row of the same
     key earlier in this pass) gets the outcome a looked-up key gets."""
     from dagster_batchllm.core.delivery.batch_api import delivery as batch_delivery
-    from dagster_batchllm.core.delivery.batch_api import mode as batch_mode
+    from dagster_batchllm.core.batch import mode as batch_mode
 
     if assume_new:  # every parcel placed without a lookup, the first too
         made = batch_delivery.BatchDelivery.__init__

@@ -95,8 +95,8 @@ def test_a_submission_its_run_never_created_is_forgotten_and_submitted(tmp_path,
                             "route": "/chat/completions", "lines": 0, "bytes": 0,
                             "scope": "", "partition_key": "", "run_id": None})
     df = frame(5)
-    from dagster_batchllm.core.run.prompts import iter_row_requests, row_tuples
     from dagster_batchllm.core.tasks.chat.call import InferenceCall
+    from dagster_batchllm.core.tasks.chat.rendering import iter_row_requests, row_tuples
 
     call = InferenceCall(prompt=PROMPT, model=MODEL, output_column="summary")
     keys = [r.key for r in iter_row_requests(row_tuples(df), call, default_max_tokens=512)]

@@ -16,12 +16,8 @@ import pandas as pd
 import pytest
 from batch_helpers import MODEL, PROMPT, batch_stats, book_of, calibrated, frame
 
+from dagster_batchllm.core.batch.deadline import MARGIN_S, deadline_at, duplicates
 from dagster_batchllm.core.client import InferenceClient
-from dagster_batchllm.core.delivery.batch_api.deadline import (
-    MARGIN_S,
-    deadline_at,
-    duplicates,
-)
 from dagster_batchllm.core.errors import InferenceConfigError
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
 from dagster_batchllm.testing import SimulatedEndpoint

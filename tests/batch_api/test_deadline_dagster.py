@@ -23,7 +23,7 @@ from dagster_batchllm import (
     build_batch_collect_sensor,
     build_inference_asset,
 )
-from dagster_batchllm.core.delivery.batch_api.deadline import MARGIN_S, WAKE_S
+from dagster_batchllm.core.batch.deadline import MARGIN_S, WAKE_S
 
 ROWS = 40
 pytestmark = pytest.mark.timeout(120)

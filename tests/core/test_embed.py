@@ -263,8 +263,8 @@ def test_a_model_column_naming_an_embedding_model_fails_those_rows_in_infer(fres
 
 
 def test_only_strict_base64_replies_are_marked_safe_for_the_journal():
-    from dagster_batchllm.core.delivery.transport import Completion
     from dagster_batchllm.core.ledger.journal import JsonSafeText
+    from dagster_batchllm.core.requests import Completion
     from dagster_batchllm.core.tasks.embed.call import EmbedCall
     from dagster_batchllm.core.tasks.embed.task import EmbedTask
 

@@ -10,9 +10,8 @@ import pytest
 
 from dagster_batchllm.core.delivery.grouping import GroupingDelivery
 from dagster_batchllm.core.delivery.online import Attempts
-from dagster_batchllm.core.delivery.transport import Completion
 from dagster_batchllm.core.errors import EndpointError, ErrorType, RowError
-from dagster_batchllm.core.run.prompts import RowRequest
+from dagster_batchllm.core.requests import Completion, RowRequest
 
 
 def item(text: str, model: str = "m") -> RowRequest:

@@ -17,9 +17,9 @@ import pytest
 
 from dagster_batchllm import InferenceConfigError
 from dagster_batchllm.core.errors import RowError
-from dagster_batchllm.core.run.prompts import iter_row_requests
 from dagster_batchllm.core.tasks.chat.call import InferenceCall
 from dagster_batchllm.core.tasks.chat.images import image_tokens
+from dagster_batchllm.core.tasks.chat.rendering import iter_row_requests
 from dagster_batchllm.testing import png_bytes
 
 MODEL = "sim-model"

@@ -14,8 +14,8 @@ import pytest
 from dagster_batchllm import BatchInferenceResource, Endpoint, InferenceConfigError
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.delivery.transport import openai_http_library
-from dagster_batchllm.core.run.prompts import iter_row_requests
 from dagster_batchllm.core.tasks.chat.call import InferenceCall
+from dagster_batchllm.core.tasks.chat.rendering import iter_row_requests
 from dagster_batchllm.simulator.state import tokens
 from dagster_batchllm.testing import SimulatedEndpoint
 

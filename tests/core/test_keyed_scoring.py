@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm.core.client import InferenceClient
-from dagster_batchllm.core.run.prompts import row_tuples
 from dagster_batchllm.core.settings import InferenceSettings, MlflowModelSpec
+from dagster_batchllm.core.tasks.chat.rendering import row_tuples
 from dagster_batchllm.core.tasks.predict.keyed import counters, request_keys, score_keyed
 from dagster_batchllm.core.tasks.predict.keyed_writes import BackgroundWrites
 from dagster_batchllm.core.tasks.predict.models import resolve_models

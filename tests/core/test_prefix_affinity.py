@@ -6,13 +6,9 @@ import json
 
 import pandas as pd
 
-from dagster_batchllm.core.run.prompts import (
-    PREFIX_KEY_BYTES,
-    _row_by_row,
-    iter_row_requests,
-    prefix_key,
-)
+from dagster_batchllm.core.requests import PREFIX_KEY_BYTES, prefix_key
 from dagster_batchllm.core.tasks.chat.call import InferenceCall
+from dagster_batchllm.core.tasks.chat.rendering import _row_by_row, iter_row_requests
 from dagster_batchllm.testing import SimulatedEndpoint, post_json
 
 MODEL = "sim-model"

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dagster_batchllm.core.errors import InvalidInputError
-from dagster_batchllm.core.run.prompts import _Skeleton, iter_row_requests, make_request
 from dagster_batchllm.core.tasks.chat.call import InferenceCall
+from dagster_batchllm.core.tasks.chat.rendering import _Skeleton, iter_row_requests, make_request
 
 # Any code point, lone surrogates included (they cannot be UTF-8: both ways must refuse them).
 texts = st.text(st.characters(min_codepoint=0, max_codepoint=0x10FFFF, exclude_categories=()),
@@ -46,7 +46,7 @@ def test_a_spliced_body_is_the_canonical_encoding_of_the_whole_request(model, pa
 
 
 def test_parameters_that_hold_the_placeholder_take_the_whole_encoding():
-    from dagster_batchllm.core.run.prompts import _PLACEHOLDER
+    from dagster_batchllm.core.tasks.chat.rendering import _PLACEHOLDER
 
     assert _Skeleton.of("m", {"max_tokens": 5, "stop": [_PLACEHOLDER]}, None) is None
     call = InferenceCall(prompt="Q: {q}", model="m", output_column="a",
@@ -88,7 +88,7 @@ def test_rows_rendered_a_block_at_a_time_are_the_rows_rendered_one_by_one(
         template, system, as_text, rows):
     """TextBlocks (the usual call's path) against the general path, row by row: the same
     requests, or the same errors where a row is off the usual case."""
-    from dagster_batchllm.core.run.prompts import _row_by_row
+    from dagster_batchllm.core.tasks.chat.rendering import _row_by_row
 
     call = InferenceCall(prompt=template, system=system, model="m", output_column="out",
                          cells_as_text=as_text, temperature=0.5)
@@ -102,7 +102,7 @@ def test_rows_rendered_a_block_at_a_time_are_the_rows_rendered_one_by_one(
 
 
 def test_a_block_with_one_row_off_the_usual_case_keeps_the_requests_of_the_others():
-    from dagster_batchllm.core.run.prompts import _BLOCK_ROWS, TextBlocks
+    from dagster_batchllm.core.tasks.chat.rendering import _BLOCK_ROWS, TextBlocks
 
     call = InferenceCall(prompt="Summarize: {text}", model="m", output_column="out")
     assert TextBlocks.of(call, 64) is not None  # the usual case takes the block path

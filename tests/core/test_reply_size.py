@@ -25,7 +25,7 @@ from dagster_batchllm.core.delivery.reply_size import (
     reply_limit,
 )
 from dagster_batchllm.core.error_kinds import kind_of
-from dagster_batchllm.core.run.prompts import RowRequest
+from dagster_batchllm.core.requests import RowRequest
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
 from dagster_batchllm.testing import SimulatedEndpoint
 

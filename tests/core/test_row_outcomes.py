@@ -21,9 +21,9 @@ from dagster_batchllm.core.errors import (
     StructuredOutputError,
     classify_http_error,
 )
-from dagster_batchllm.core.run.prompts import iter_row_requests
 from dagster_batchllm.core.tasks.chat.call import InferenceCall
 from dagster_batchllm.core.tasks.chat.outputs import ReplyParser, cut_off_hint
+from dagster_batchllm.core.tasks.chat.rendering import iter_row_requests
 
 MODEL = "sim-model"
 

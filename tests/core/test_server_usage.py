@@ -18,10 +18,10 @@ import pytest
 
 from dagster_batchllm import Price
 from dagster_batchllm.core.client import InferenceClient
-from dagster_batchllm.core.delivery.transport import Completion, completion_from_payload
+from dagster_batchllm.core.delivery.transport import completion_from_payload
 from dagster_batchllm.core.ledger.schema import TOKEN_COLUMNS
 from dagster_batchllm.core.pricing import cost_at
-from dagster_batchllm.core.run.prompts import RowRequest
+from dagster_batchllm.core.requests import Completion, RowRequest
 from dagster_batchllm.core.usage import TOKEN_CEILING, hold_to_bound
 
 MODEL = "sim-model"

@@ -44,8 +44,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ...errors import InferenceConfigError
-from .book import COLLECTED, SUBMIT_FAILED, SUBMITTING, BatchBook
+from ..delivery.batch_api.book import COLLECTED, SUBMIT_FAILED, SUBMITTING, BatchBook
+from ..errors import InferenceConfigError
 
 #: The online need is taken this many times the estimate (latency varies, retries happen).
 SAFETY_FACTOR = 1.5

@@ -20,8 +20,7 @@ from ..errors import RowError
 
 if TYPE_CHECKING:
     from ..ledger.writer import LedgerWriter
-    from ..run.prompts import RowRequest
-    from .transport import Completion
+    from ..requests import Completion, RowRequest
 
 
 class Attempts:

@@ -23,9 +23,8 @@ import asyncio
 from typing import Any, Protocol
 
 from ..errors import ErrorType, InternalError, RowError
-from ..run.prompts import RowRequest
+from ..requests import Completion, RowRequest
 from .base import Attempts, DelegatingDelivery
-from .transport import Completion
 
 # Errors a single item may cause; a group failing with one of them is split to find it.
 _ITEM_ERRORS = frozenset({

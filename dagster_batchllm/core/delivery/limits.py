@@ -1,15 +1,23 @@
 """Token budgets and rate limits: reserve before a request, settle from the reply's usage.
 
 Both count *before* the call, so no amount of concurrency can overrun them: a request that does
-not fit is not sent. Reservations are upper bounds (see ``prompts``); settling replaces them by the
-server's ``usage`` so the unused part becomes available again.
+not fit is not sent. Reservations are upper bounds (see :mod:`dagster_batchllm.core.requests`);
+settling replaces them by the server's ``usage`` so the unused part becomes available again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
+from typing import TYPE_CHECKING
+
+from ..errors import DeferredError
+
+if TYPE_CHECKING:
+    from ..requests import RowRequest
+    from ..settings import InferenceSettings
 
 
 class TokenBudget:
@@ -167,3 +175,50 @@ class SlidingWindowLimiter:
                 return max(0.0, entry.at + self.window_s - now)
         # Requests in flight hold the rest; a reply wakes the pool's waiters.
         return self.window_s
+
+
+def cost_bound(settings: InferenceSettings, request: RowRequest, *, batch: bool) -> float:
+    """The most ``request`` can cost: its prompt's strict token bound and its max_tokens at
+    the dearest price of its model (inf where the model has no price and the request has
+    tokens)."""
+    prompt = max(0, request.reserve_tokens - request.max_tokens)
+    if not (prompt or request.max_tokens):
+        return 0.0  # (an in-process model's prediction)
+    price = settings.price_at(request.model)
+    if price is None:
+        return math.inf
+    return price.upper_bound(prompt, request.max_tokens, batch=batch)
+
+
+def charge_submission(tokens: TokenBudget | None, usd: CostBudget | None,
+                      settings: InferenceSettings, request: RowRequest) -> DeferredError | None:
+    """Batch mode's budgets: a line in a provider's file cannot be taken back, so it is
+    charged for good when submitted, its token bound and (budget_usd) its most possible cost
+    at the batch price; the error that defers it where either does not fit."""
+    if tokens is not None:
+        if not tokens.try_reserve(request.reserve_tokens):
+            return DeferredError(
+                f"the token budget ({tokens.total}) has {tokens.remaining} tokens left, this "
+                f"request may need {request.reserve_tokens}; a later call will submit it")
+        tokens.settle(request.reserve_tokens, request.reserve_tokens)
+    if usd is not None:
+        bound = cost_bound(settings, request, batch=True)
+        if not usd.try_reserve(bound):
+            if tokens is not None:
+                tokens.spent -= request.reserve_tokens
+            return DeferredError(
+                f"the budget (${usd.total:.6f}) has ${max(0.0, usd.remaining):.6f} left, "
+                f"this line may cost up to ${bound:.6f} at the batch price; a later call will "
+                "submit it")
+        usd.settle(bound, bound)
+    return None
+
+
+def refund_submissions(tokens: TokenBudget | None, usd: CostBudget | None,
+                       settings: InferenceSettings, requests: list[RowRequest]) -> None:
+    """Give back what :func:`charge_submission` charged for lines this call did not submit
+    after all (another run's batch has them)."""
+    if tokens is not None:
+        tokens.spent -= sum(request.reserve_tokens for request in requests)
+    if usd is not None:
+        usd.spent -= sum(cost_bound(settings, request, batch=True) for request in requests)

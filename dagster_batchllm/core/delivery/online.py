@@ -29,14 +29,14 @@ from ..errors import (
     UnsupportedModelError,
 )
 from ..ledger.writer import LedgerWriter
-from ..run.prompts import RowRequest
+from ..requests import Completion, RowRequest
 from ..settings import InferenceSettings
 from ..usage import hold_to_bound
 from .base import Attempts, Delivery
 from .endpoint_state import FailingBound
 from .pool import EndpointPool
 from .retries import RetryPolicy
-from .transport import Completion, ReplyParser, Transport
+from .transport import ReplyParser, Transport
 
 
 class OnlineDelivery(Delivery):

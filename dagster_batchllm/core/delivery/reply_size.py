@@ -26,7 +26,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from ..errors import EndpointError, ErrorType
-from ..run.prompts import RowRequest
+from ..requests import RowRequest
 
 #: What a reply holds besides its text (ids, usage, finish reason, a server's extra fields).
 ENVELOPE_BYTES = 64 * 1024

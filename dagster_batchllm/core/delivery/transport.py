@@ -25,7 +25,6 @@ import re
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import (
@@ -36,30 +35,10 @@ from ..errors import (
     RowError,
 )
 from ..redaction import Redactor, server_error
-from ..run.prompts import RowRequest
+from ..requests import Completion, RowRequest
 from ..settings import EndpointSpec
 from ..usage import reported_usage
 from .reply_size import ReplyBound, read_bounded, reading, response_hook
-
-
-@dataclass(slots=True)
-class Completion:
-    content: str
-    prompt_tokens: int
-    completion_tokens: int
-    usage_reported: bool
-    finish_reason: str | None
-    latency_s: float
-    #: The parsed reply, where a task reads more than the text (a grouped request's items).
-    payload: Any = None
-    #: Of ``prompt_tokens``, those the server answered from its prefix cache (OpenAI's and
-    #: vLLM's ``usage.prompt_tokens_details.cached_tokens``; 0 where the reply says none):
-    #: they cost the cached price.
-    cached_tokens: int = 0
-    #: What the server reported where its usage was no count or past the request's bound
-    #: (the figures above are then corrected: see :mod:`..usage`); None: taken as reported.
-    usage_corrected: str | None = None
-
 
 CHAT_ROUTE = "/chat/completions"
 EMBEDDINGS_ROUTE = "/embeddings"

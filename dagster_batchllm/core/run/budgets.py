@@ -11,10 +11,9 @@ flight to settle, and is deferred when none is left to wait for.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
-from ..delivery.limits import CostBudget, TokenBudget
+from ..delivery.limits import CostBudget, TokenBudget, cost_bound
 from ..errors import DeferredError, InferenceConfigError
 from ..pricing import cost_at
 from ..usage import hold_to_bound
@@ -22,21 +21,8 @@ from ..usage import hold_to_bound
 if TYPE_CHECKING:
     from ..delivery.base import Attempts
     from ..plan import Plan
+    from ..requests import RowRequest
     from ..settings import InferenceSettings
-    from .prompts import RowRequest
-
-
-def cost_bound(settings: InferenceSettings, request: RowRequest, *, batch: bool) -> float:
-    """The most ``request`` can cost: its prompt's strict token bound and its max_tokens at
-    the dearest price of its model (inf where the model has no price and the request has
-    tokens)."""
-    prompt = max(0, request.reserve_tokens - request.max_tokens)
-    if not (prompt or request.max_tokens):
-        return 0.0  # (an in-process model's prediction)
-    price = settings.price_at(request.model)
-    if price is None:
-        return math.inf
-    return price.upper_bound(prompt, request.max_tokens, batch=batch)
 
 
 def check_planned_cost(settings: InferenceSettings, budget_usd: float, plan: Plan) -> float:
@@ -63,40 +49,6 @@ def check_planned_cost(settings: InferenceSettings, budget_usd: float, plan: Pla
             f"are planned to cost ${cost:.6f} ({plan.delivery}; {plan.basis}); nothing was "
             "sent. Raise budget_usd, lower max_tokens, or send fewer rows.")
     return cost
-
-
-def charge_submission(tokens: TokenBudget | None, usd: CostBudget | None,
-                      settings: InferenceSettings, request: RowRequest) -> DeferredError | None:
-    """Batch mode's budgets: a line in a provider's file cannot be taken back, so it is
-    charged for good when submitted, its token bound and (budget_usd) its most possible cost
-    at the batch price; the error that defers it where either does not fit."""
-    if tokens is not None:
-        if not tokens.try_reserve(request.reserve_tokens):
-            return DeferredError(
-                f"the token budget ({tokens.total}) has {tokens.remaining} tokens left, this "
-                f"request may need {request.reserve_tokens}; a later call will submit it")
-        tokens.settle(request.reserve_tokens, request.reserve_tokens)
-    if usd is not None:
-        bound = cost_bound(settings, request, batch=True)
-        if not usd.try_reserve(bound):
-            if tokens is not None:
-                tokens.spent -= request.reserve_tokens
-            return DeferredError(
-                f"the budget (${usd.total:.6f}) has ${max(0.0, usd.remaining):.6f} left, "
-                f"this line may cost up to ${bound:.6f} at the batch price; a later call will "
-                "submit it")
-        usd.settle(bound, bound)
-    return None
-
-
-def refund_submissions(tokens: TokenBudget | None, usd: CostBudget | None,
-                       settings: InferenceSettings, requests: list[RowRequest]) -> None:
-    """Give back what :func:`charge_submission` charged for lines this call did not submit
-    after all (another run's batch has them)."""
-    if tokens is not None:
-        tokens.spent -= sum(request.reserve_tokens for request in requests)
-    if usd is not None:
-        usd.spent -= sum(cost_bound(settings, request, batch=True) for request in requests)
 
 
 class RunBudgets:
@@ -164,5 +116,4 @@ class RunBudgets:
             f"left, this request may need {request.reserve_tokens}; a later call will send it")
 
 
-__all__ = ["RunBudgets", "charge_submission", "check_planned_cost", "cost_bound",
-           "refund_submissions"]
+__all__ = ["RunBudgets", "check_planned_cost"]

@@ -35,12 +35,12 @@ from ..ledger.writer import LedgerUnwritable, LedgerWriter
 from ..results import InferenceStats, RowStatus
 from ..settings import InferenceSettings
 from ..tasks.base import Task
+from ..tasks.chat.rendering import row_tuples
 from .budgets import RunBudgets
 from .coordination import RunCoordination
 from .figures import Progress, add_paid, estimate_cost, finish_stats
 from .gc_pacing import fewer_collections
-from .outcomes import ERROR_TYPE_VALUES, RowOutcomes
-from .prompts import RowRequest, row_tuples
+from .outcomes import ERROR_TYPE_VALUES, KeyState, RowOutcomes
 
 _MAX_WORKERS = 8192
 # A stopping run (cancelled, interrupted, terminated) writes its answers for at most this long;
@@ -50,19 +50,6 @@ _STOP_FLUSH_S = 3.0
 _CACHED, _FAILED = RowStatus.CACHED, RowStatus.FAILED
 
 log = logging.getLogger("dagster_batchllm")
-
-
-class KeyState:
-    """One distinct request of the run and the rows that share its answer."""
-
-    __slots__ = ("request", "rows", "outcome")
-
-    def __init__(self, request: RowRequest, row: int):
-        self.request = request
-        self.rows = [row]
-        # (row status, value, error, error type) once settled; rows of the same key that the
-        # producer meets after that take it at once (they can no longer join ``rows``).
-        self.outcome: tuple[int, Any, str | None, str | None] | None = None
 
 
 class InferenceRun(RowOutcomes, RunBudgets):

@@ -19,8 +19,7 @@ from ..usage import correction_warning, hold_to_bound, within_bound
 
 if TYPE_CHECKING:
     from ..delivery.base import Attempts
-    from .engine import KeyState
-    from .prompts import RowRequest
+    from ..requests import RowRequest
 
 # The one vocabulary of row outcomes is RowStatus; the ledger's record statuses follow from it.
 _LEDGER_STATUS = {RowStatus.OK: OK, RowStatus.FAILED: FAILED, RowStatus.DEFERRED: DEFERRED}
@@ -28,6 +27,19 @@ _LEDGER_STATUS = {RowStatus.OK: OK, RowStatus.FAILED: FAILED, RowStatus.DEFERRED
 # enum's machinery each time.
 _OK, _FAILED, _DEFERRED = RowStatus.OK, RowStatus.FAILED, RowStatus.DEFERRED
 ERROR_TYPE_VALUES = {error_type: error_type.value for error_type in ErrorType}
+
+
+class KeyState:
+    """One distinct request of the run and the rows that share its answer."""
+
+    __slots__ = ("request", "rows", "outcome")
+
+    def __init__(self, request: RowRequest, row: int):
+        self.request = request
+        self.rows = [row]
+        # (row status, value, error, error type) once settled; rows of the same key that the
+        # producer meets after that take it at once (they can no longer join ``rows``).
+        self.outcome: tuple[int, Any, str | None, str | None] | None = None
 
 
 class RowOutcomes:

@@ -22,9 +22,8 @@ from ..settings import described
 
 if TYPE_CHECKING:
     from ..delivery.base import Delivery
-    from ..delivery.transport import Completion
+    from ..requests import Completion, RowRequest
     from ..results import InferenceResult
-    from ..run.prompts import RowRequest
     from ..settings import InferenceSettings
 
 Call = TypeVar("Call", bound="CallBase")

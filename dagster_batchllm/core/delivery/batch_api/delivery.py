@@ -34,15 +34,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ...batch.deadline import LEFT_FOR_ONLINE
 from ...errors import DeferredError, ErrorType, RowError, UnsupportedModelError
-from ...run.budgets import charge_submission, refund_submissions
-from ...run.prompts import RowRequest
+from ...requests import Completion, RowRequest
 from ...settings import EndpointSpec, InferenceSettings
 from ..base import Delivery
-from ..limits import CostBudget, TokenBudget
-from ..transport import Completion
+from ..limits import CostBudget, TokenBudget, charge_submission, refund_submissions
 from .book import COLLECTED, LINE_OK, SUBMIT_FAILED, BatchBook
-from .deadline import LEFT_FOR_ONLINE
 from .protocol import BatchProtocol
 from .readers import read_line_body
 from .spool import Gatherer, Spool, waiting_for

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import InferenceConfigError
-from ..transport import CHAT_ROUTE, Completion, completion_from_payload
+from ...requests import Completion
+from ..transport import CHAT_ROUTE, completion_from_payload
 
 #: (the reply parsed from the line's JSON, endpoint=, latency_s=) -> the answer to keep
 LineReader = Callable[..., Completion]

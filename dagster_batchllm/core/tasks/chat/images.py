@@ -35,7 +35,7 @@ from typing import Any
 
 from ...errors import FileRefusedError, InvalidInputError
 from ...file_policy import FilePolicy, policy_in_force
-from ...run.cells import kind_of_value
+from ..cells import kind_of_value
 
 DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024  # OpenAI's limit per image
 IMAGE_DETAILS = ("auto", "low", "high")

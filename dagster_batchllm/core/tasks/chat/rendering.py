@@ -1,9 +1,9 @@
-"""From table rows to requests: templates, messages, request keys and token estimates.
+"""From table rows to chat requests: templates, messages and images rendered into bodies.
 
-A request is serialized once, canonically (sorted keys, no whitespace); that byte string is both
-the HTTP body and, hashed, the request key. So the key covers exactly what the server sees:
-model, messages and every generation parameter. What to render comes from an
-:class:`~dagster_batchllm.core.tasks.chat.call.InferenceCall`.
+What to render comes from an :class:`~dagster_batchllm.core.tasks.chat.call.InferenceCall`;
+each body is keyed and bounded as every request is (:mod:`dagster_batchllm.core.requests`).
+The usual call (a template over text cells) is rendered a block of rows at a time
+(:class:`TextBlocks`); anything else row by row.
 """
 
 from __future__ import annotations
@@ -13,64 +13,29 @@ import json
 import math
 import operator
 import string
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
 from itertools import islice
 from json.encoder import encode_basestring
 from typing import Any
 
-from ..errors import InvalidInputError, RowError
-from ..tasks.chat.call import InferenceCall
-from ..tasks.chat.images import image_parts
-from .cells import cell_text, messages_from_cell
+from ...errors import InvalidInputError, RowError
+from ...requests import (
+    CANONICAL,
+    PREFIX_KEY_BYTES,
+    TEMPLATE_TOKENS_PER_MESSAGE,
+    TEMPLATE_TOKENS_PER_REQUEST,
+    TYPICAL_CHARS_PER_TOKEN,
+    RowRequest,
+    encode_body,
+    keyed_request,
+    prefix_key,
+)
+from ..cells import cell_text, messages_from_cell
+from .call import InferenceCall
+from .images import image_parts
 
-# Reservations must never be below what the server will count. Byte-level BPE and SentencePiece
-# with byte fallback emit at most one token per UTF-8 byte, plus a few chat-template tokens per
-# message; so this bound holds for every tokenizer we know of, at the price of over-reserving
-# while a request is in flight (the reservation is settled to the reply's usage afterwards).
-_TEMPLATE_TOKENS_PER_MESSAGE = 8
-_TEMPLATE_TOKENS_PER_REQUEST = 8
-# For dry runs and cost estimates: the usual ~4 characters per token of English text.
-_TYPICAL_CHARS_PER_TOKEN = 4
 # Rows rendered at once on the usual call's path (see TextBlocks).
 _BLOCK_ROWS = 1024
-# A request's prefix key hashes this many leading bytes of its body (see prefix_key).
-PREFIX_KEY_BYTES = 1024
-# The canonical form of a request body (its key is the hash of these bytes). One encoder for
-# every request: json.dumps with options builds a new one per call.
-_CANONICAL = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"),
-                              allow_nan=False)
-
-
-@dataclass(slots=True)  # not frozen: a frozen __init__ costs 2.5x, and one is made per row
-class RowRequest:
-    """One rendered request: its key, its body and what the budget needs to know. Treated
-    as a value: nothing changes one once made."""
-
-    key: str
-    model: str
-    body: bytes
-    reserve_tokens: int
-    typical_prompt_tokens: int
-    max_tokens: int
-    #: What a task that does not send ``body`` as it is needs of the row (an in-process model's
-    #: feature values, an embedding input's text); None for a chat request.
-    payload: Any = None
-    #: Requests with equal keys share a long head (see :func:`prefix_key`): the pool sends
-    #: them where the last one went, whose prefix cache holds it. None: no such head.
-    prefix_key: int | None = None
-
-
-def prefix_key(body: bytes) -> int | None:
-    """The prefix key of a request body: a hash of its first ``PREFIX_KEY_BYTES`` (1,024)
-    bytes, None for a body no longer than that (a short prompt gains little from a cache).
-
-    In the canonical body (sorted keys) those bytes are the few parameters that sort before
-    ``messages`` and then the messages' text from the first on: about 250 tokens of the system
-    message and the prompt. Rows that share an instruction of that length share the key, and
-    those that differ in it get different keys. Python's ``hash``: the key only routes within
-    this process, and a hash of 1 KB costs well under a microsecond."""
-    return hash(body[:PREFIX_KEY_BYTES]) if len(body) > PREFIX_KEY_BYTES else None
 
 
 def row_tuples(frame: Any) -> Iterator[tuple]:
@@ -79,23 +44,6 @@ def row_tuples(frame: Any) -> Iterator[tuple]:
     if len(frame.columns) == 0:
         return iter([()] * len(frame))
     return frame.itertuples(index=False, name=None)
-
-
-def distinct_requests(items: Iterator[RowRequest | RowError],
-                      usable: Callable[[RowRequest], bool] | None = None,
-                      ) -> tuple[dict[str, RowRequest], int, int]:
-    """What a dry run counts: the distinct requests by key (in order), the rows that cannot
-    be sent (a row error, or not ``usable``), and the rows that repeat an earlier request."""
-    distinct: dict[str, RowRequest] = {}
-    invalid = duplicates = 0
-    for item in items:
-        if isinstance(item, RowError) or (usable is not None and not usable(item)):
-            invalid += 1
-        elif item.key in distinct:
-            duplicates += 1
-        else:
-            distinct[item.key] = item
-    return distinct, invalid, duplicates
 
 
 def iter_row_requests(
@@ -188,27 +136,12 @@ def _row_by_row(rows: Iterable[tuple], spec: InferenceCall, *, default_max_token
 def make_request(
     model: str, messages: list[dict[str, Any]], params: Mapping[str, Any], max_tokens: int
 ) -> RowRequest:
-    body = _encode({"model": model, "messages": messages, **params})
+    body = encode_body({"model": model, "messages": messages, **params})
     texts = []
     for message in messages:
         content = message.get("content") or ""
         texts.append(content if isinstance(content, str) else json.dumps(content))
-    return _request(body, model, texts, max_tokens)
-
-
-def _request(body: bytes, model: str, texts: Sequence[str], max_tokens: int) -> RowRequest:
-    """The request of ``body``, its token bounds from its messages' texts."""
-    chars = content_bytes = 0
-    for text in texts:
-        chars += len(text)
-        # Bytes as UTF-8, without encoding: an ASCII text has as many as it has characters.
-        content_bytes += len(text) if text.isascii() else len(text.encode("utf-8"))
-    n = len(texts)
-    upper = content_bytes + _TEMPLATE_TOKENS_PER_MESSAGE * n + _TEMPLATE_TOKENS_PER_REQUEST
-    # key, model, body, reserve_tokens, typical_prompt_tokens, max_tokens (positional: one per
-    # row, and keywords cost a fifth of it)
-    return RowRequest(hashlib.sha256(body).hexdigest(), model, body, upper + max_tokens,
-                      math.ceil(chars / _TYPICAL_CHARS_PER_TOKEN) + 4 * n, max_tokens)
+    return keyed_request(model, body, texts, max_tokens)
 
 
 # A text no prompt holds, which the canonical encoder writes as it is (``\\u0000``-escaped).
@@ -219,7 +152,7 @@ _NO_SKELETON = object()
 class _Skeleton:
     """One model's canonical request body with its messages' texts left out: a row's body is
     the pieces joined with each text as the encoder writes a string (``encode_basestring``, as
-    ``_CANONICAL`` does with ``ensure_ascii=False``), the same bytes as ``make_request``'s,
+    ``CANONICAL`` does with ``ensure_ascii=False``), the same bytes as ``make_request``'s,
     without encoding the whole request per row. A test checks the two against each other."""
 
     __slots__ = ("model", "pieces", "system")
@@ -235,10 +168,10 @@ class _Skeleton:
         if system:
             messages.insert(0, {"role": "system", "content": _PLACEHOLDER})
         try:
-            whole = _CANONICAL.encode({"model": model, "messages": messages, **params})
+            whole = CANONICAL.encode({"model": model, "messages": messages, **params})
         except (ValueError, TypeError):
             return None
-        pieces = whole.split(_CANONICAL.encode(_PLACEHOLDER))
+        pieces = whole.split(CANONICAL.encode(_PLACEHOLDER))
         if len(pieces) != len(messages) + 1:
             return None
         return _Skeleton(model, pieces, bool(system))
@@ -257,7 +190,7 @@ class _Skeleton:
         except UnicodeEncodeError as exc:
             raise InvalidInputError(
                 f"the prompt is not valid Unicode text ({exc.reason})") from None
-        return _request(body, self.model, texts, max_tokens)
+        return keyed_request(self.model, body, texts, max_tokens)
 
 
 class TextBlocks:
@@ -353,8 +286,8 @@ class TextBlocks:
         prefix, suffix, model, max_tokens = self.prefix, self.suffix, self.model, self.max_tokens
         fixed_chars, n = self.fixed_chars, self.messages
         # _request's bounds: UTF-8 bytes, the chat template's tokens per message and request
-        fixed_bytes = self.fixed_bytes + _TEMPLATE_TOKENS_PER_MESSAGE * n + \
-            _TEMPLATE_TOKENS_PER_REQUEST + max_tokens
+        fixed_bytes = self.fixed_bytes + TEMPLATE_TOKENS_PER_MESSAGE * n + \
+            TEMPLATE_TOKENS_PER_REQUEST + max_tokens
         typical = 4 * n
         sha256, key = hashlib.sha256, self.prefix_key
         made = []
@@ -365,22 +298,13 @@ class TextBlocks:
                 made.append(RowRequest(
                     sha256(body).hexdigest(), model, body,
                     (len(text) if text.isascii() else len(text.encode("utf-8"))) + fixed_bytes,
-                    math.ceil(chars / _TYPICAL_CHARS_PER_TOKEN) + typical, max_tokens, None, key))
+                    math.ceil(chars / TYPICAL_CHARS_PER_TOKEN) + typical, max_tokens, None, key))
         except UnicodeEncodeError:  # a lone surrogate: the general path says so, for its row
             return None
         if self.key_per_row:
             for request in made:
                 request.prefix_key = prefix_key(request.body)
         return made
-
-
-def _encode(payload: dict[str, Any]) -> bytes:
-    try:
-        return _CANONICAL.encode(payload).encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(f"the prompt is not valid Unicode text ({exc.reason})") from None
-    except (ValueError, TypeError) as exc:  # NaN, or a cell object JSON cannot hold
-        raise InvalidInputError(f"the request cannot be encoded as JSON ({exc})") from None
 
 
 def _with_images(model: str, messages: list[dict[str, Any]], row: tuple,
@@ -396,19 +320,10 @@ def _with_images(model: str, messages: list[dict[str, Any]], row: tuple,
     text = messages[-1]["content"]
     messages[-1] = {"role": "user",
                     "content": [{"type": "text", "text": text}, *(p.part for p in parts)]}
-    body = _encode({"model": model, "messages": messages, **params})
+    body = encode_body({"model": model, "messages": messages, **params})
     texts = [m["content"] for m in messages[:-1]] + [text]
-    chars = sum(len(t) for t in texts)
-    text_bytes = sum(len(t.encode("utf-8")) for t in texts)
-    image_tokens = sum(p.tokens for p in parts)
-    n = len(messages)
-    typical = math.ceil(chars / _TYPICAL_CHARS_PER_TOKEN) + 4 * n + image_tokens
-    upper = (text_bytes + image_tokens + _TEMPLATE_TOKENS_PER_MESSAGE * n
-             + _TEMPLATE_TOKENS_PER_REQUEST)
-    return RowRequest(
-        key=hashlib.sha256(body).hexdigest(), model=model, body=body,
-        reserve_tokens=upper + max_tokens, typical_prompt_tokens=typical, max_tokens=max_tokens,
-    )
+    return keyed_request(model, body, texts, max_tokens,
+                         extra_prompt_tokens=sum(p.tokens for p in parts))
 
 
 def _render(template: str, fields: list[str], row: tuple, position: dict[str, int],

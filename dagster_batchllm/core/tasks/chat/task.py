@@ -8,13 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ...delivery.transport import CHAT_ROUTE, Completion, completion_from_payload, parse_completion
+from ...delivery.transport import CHAT_ROUTE, completion_from_payload, parse_completion
 from ...errors import RowError, StructuredOutputError
 from ...file_policy import FilePolicy, under_policy
-from ...run.prompts import RowRequest, iter_row_requests
+from ...requests import Completion, RowRequest
 from ..base import Task, register_task
 from .call import InferenceCall
 from .outputs import ReplyParser, cut_off_hint
+from .rendering import iter_row_requests
 
 _IMAGE_CHUNK_ROWS = 256
 

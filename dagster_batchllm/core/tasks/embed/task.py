@@ -31,7 +31,7 @@ import numpy as np
 from ...delivery.base import DelegatingDelivery, Delivery
 from ...delivery.batch_api.readers import register_line_reader
 from ...delivery.grouping import GroupingDelivery
-from ...delivery.transport import EMBEDDINGS_ROUTE, Completion, json_reply
+from ...delivery.transport import EMBEDDINGS_ROUTE, json_reply
 from ...errors import (
     ContextLengthExceededError,
     EndpointError,
@@ -41,10 +41,11 @@ from ...errors import (
     RowError,
 )
 from ...ledger.journal import JsonSafeText
-from ...run.cells import cell_text
-from ...run.prompts import RowRequest, render_template
+from ...requests import Completion, RowRequest
 from ...usage import reported_usage
 from ..base import Task, register_task
+from ..cells import cell_text
+from ..chat.rendering import render_template
 from .call import EmbedCall
 
 # What one input adds to a request's token bound besides its bytes (a BOS/EOS pair or so).

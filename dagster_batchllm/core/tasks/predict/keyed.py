@@ -31,7 +31,7 @@ from typing import Any
 
 from ...errors import InvalidInputError, RowError, UnsupportedModelError
 from ...ledger.table import FAILED, OK, Ledger, new_record
-from ...run.prompts import row_tuples
+from ..chat.rendering import row_tuples
 from .keyed_writes import MISSING, BackgroundWrites, write_records
 from .models import IN_PROCESS, ResolvedModel, load_model, short_error
 from .scoring import IN_PROCESS_ENDPOINT, predict_rows

@@ -24,7 +24,7 @@ from .models import (
 from .models import short_error as _short
 
 if TYPE_CHECKING:
-    from .task import PredictCall
+    from .call import PredictCall
 
 log = logging.getLogger("dagster_batchllm")
 #: Served models this process has warned about (once each: a partitioned asset calls per day).

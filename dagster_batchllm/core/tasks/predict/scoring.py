@@ -19,9 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...delivery.base import DelegatingDelivery, Delivery
-from ...delivery.transport import Completion
 from ...errors import InvalidInputError, MalformedResponseError, RowError, UnsupportedModelError
-from ...run.prompts import RowRequest
+from ...requests import Completion, RowRequest
 from .models import IN_PROCESS, ResolvedModel, load_model, short_error
 
 IN_PROCESS_ENDPOINT = "in-process"

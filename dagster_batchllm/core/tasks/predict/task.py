@@ -19,80 +19,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...delivery.grouping import GroupingDelivery
-from ...delivery.transport import Completion, json_reply
-from ...errors import InferenceConfigError, InvalidInputError, MalformedResponseError, RowError
+from ...delivery.transport import json_reply
+from ...errors import InvalidInputError, MalformedResponseError, RowError
+from ...requests import Completion, RowRequest
 from ...results import InferenceResult
-from ...run.prompts import RowRequest
-from ..base import CallBase, Task, register_task
+from ..base import Task, register_task
+from .call import INVOCATIONS_ROUTE, PredictCall
 from .models import SERVED, ResolvedModel
+from .resolve import resolve_for_call
 from .scoring import InProcessScoring, ScoringRouter, plain_value
 
 if TYPE_CHECKING:
     from ...delivery.base import Delivery
-
-INVOCATIONS_ROUTE = "/invocations"
-INPUT_FORMATS = ("dataframe_split", "dataframe_records", "inputs")
-
-
-@dataclass(frozen=True)
-class PredictCall(CallBase):
-    """What to score: the model (or a column naming each row's), the feature columns, where the
-    predictions go."""
-
-    job, entry = "predict", "predict"
-
-    input_columns: tuple[str, ...] = ()
-    model: str | None = None
-    model_column: str | None = None
-    output_column: str = "prediction"
-    error_column: str | None = None
-    #: Most rows in one predict() / one /invocations request (None: the model's rows_per_batch).
-    rows_per_request: int | None = None
-    #: How a served model gets its rows, in MLflow's scoring protocol: ``dataframe_split``,
-    #: ``dataframe_records``, or ``inputs`` (TF-serving's columnar form, ``{"inputs": {column:
-    #: [values]}}``, for models whose signature takes tensors or a dict of columns).
-    input_format: str = "dataframe_split"
-    scope: str = ""
-    partition_key: str = ""
-
-    def __post_init__(self) -> None:
-        set_ = object.__setattr__
-        if isinstance(self.input_columns, str):
-            set_(self, "input_columns", (self.input_columns,))
-        set_(self, "input_columns", tuple(self.input_columns))
-        if not self.input_columns:
-            raise InferenceConfigError(
-                "predict() needs input_columns=[...]: the columns the model reads, named as "
-                "its features")
-        if len(set(self.input_columns)) != len(self.input_columns):
-            raise InferenceConfigError(f"input_columns repeats a column: {self.input_columns}")
-        if (self.model is None) == (self.model_column is None):
-            raise InferenceConfigError(
-                "predict() needs model= (a configured MLflow model, a served model or a URI "
-                "such as models:/risk@champion) or model_column= (a column naming each row's)")
-        if self.model_column in self.input_columns:
-            raise InferenceConfigError(
-                f"model_column '{self.model_column}' is also an input column")
-        self._check_common()
-        size = self.rows_per_request
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int)
-                                 or size < 1):
-            raise InferenceConfigError(
-                f"rows_per_request must be a positive integer, got {self.rows_per_request!r}")
-        if self.input_format not in INPUT_FORMATS:
-            raise InferenceConfigError(
-                f"input_format must be one of {list(INPUT_FORMATS)}, got {self.input_format!r}")
-
-    def columns_read(self) -> list[str]:
-        """The frame's columns a run reads, in row-tuple order: features, then the model."""
-        return list(self.input_columns) + ([self.model_column] if self.model_column else [])
-
-    def models_named(self, frame: Any) -> list[str]:
-        """The distinct models the rows name (null cells are left out: they fail as rows)."""
-        if self.model is not None:
-            return [self.model]
-        return [str(v) for v in frame[self.model_column].dropna().unique().tolist()]
-
 
 @dataclass
 class PredictionResult(InferenceResult):
@@ -129,8 +67,6 @@ class PredictTask(Task):
                       models: dict[str, ResolvedModel] | None = None) -> PredictTask:
         """``models``: resolved already (a Spark executor gets them from the driver, so every
         worker scores the same versions); else resolved here, and in-process ones loaded."""
-        from .resolve import resolve_for_call
-
         if models is None:
             models = await resolve_for_call(client.settings, call, frame)
         return cls(call, models, in_process=InProcessScoring(models))
