@@ -176,7 +176,7 @@ class InferenceClient:
         submitted, the rows deferred "waiting for batch <id>" (see :mod:`.delivery.batch_api`).
         ``deadline`` (with ``mode="batch_api"``): a ``datetime`` (naive: local time) or a
         ``timedelta`` from now by which every row is answered, the rows the batches have not
-        answered in time sent online (see :mod:`.delivery.batch_api.deadline`).
+        answered in time sent online (see :mod:`dagster_batchllm.core.batch.deadline`).
         ``task_options``: keywords of the task's ``prepare`` (``models`` for predict)."""
         due = check_delivery(mode, wait, deadline)
         task_type = task_type_for(call)

@@ -2,7 +2,7 @@
 
 The call's rows go to the provider's batch API first, and those it has not answered when the
 time left falls to what the online endpoints need are sent online, so that the partition is
-done by its deadline (see :mod:`dagster_batchllm.core.delivery.batch_api.deadline`). The
+done by its deadline (see :mod:`dagster_batchllm.core.batch.deadline`). The
 factory's ``deadline`` says, per partition:
 
 * a ``datetime.timedelta``: after the end of the partition's time window (a daily, hourly,

@@ -13,7 +13,7 @@ same ended batches launch one run, however many ticks see them.
 
 An asset with a ``deadline`` records, with ``wait=False``, when its partition's rows must go
 online (the batch book's switch time, see
-:mod:`dagster_batchllm.core.delivery.batch_api.deadline`). Once that time has come and the
+:mod:`dagster_batchllm.core.batch.deadline`). Once that time has come and the
 batches have not all ended, the sensor requests a run of the partition tagged
 ``batchllm/deadline``: it cancels the unfinished batches, collects what they answered and
 sends the rest online. The run key names the switch time, so each recorded time launches one

@@ -1,9 +1,9 @@
 """``infer(..., mode="batch_api")``: a call answered through a provider's offline batch API.
 
-The call runs as passes of the ordinary engine over a :class:`~.batch_delivery.BatchDelivery`:
+The call runs as passes of the ordinary engine over a :class:`~dagster_batchllm.core.delivery.batch_api.delivery.BatchDelivery`:
 
 1. Before each pass the collector polls the book's unfinished batches and collects those that
-   ended (see :mod:`.batch_collect`).
+   ended (see :mod:`dagster_batchllm.core.delivery.batch_api.collect`).
 2. The pass answers what the ledger holds, turns collected lines into row outcomes (recorded
    in the ledger by the engine, as online), and writes every other row into a batch file,
    submitted as the file fills and at the end of the pass. Those rows are deferred, "waiting

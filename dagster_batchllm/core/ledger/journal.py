@@ -1,6 +1,6 @@
 """A run's answers on local disk before the ledger has them, so a killed process loses none.
 
-The ledger is written in batches (see :mod:`.ledger_writer`); a SIGKILL, an out-of-memory kill
+The ledger is written in batches (see :mod:`.writer`); a SIGKILL, an out-of-memory kill
 or a pod evicted past its grace period loses the batch not written yet, and a rerun pays for
 those answers again. So each paid-for answer is first appended to a journal file of its run,
 one JSON line, by a single ``write`` (in the kernel's hands once it returns: a killed process

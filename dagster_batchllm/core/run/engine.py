@@ -9,8 +9,8 @@ many items, so a row costs no coroutine step or future of its own.
 
 What the run does with each row is split by job: a *task* (:mod:`.tasks`) turns rows into
 request items and replies into values, a *delivery* (:mod:`.delivery`) gets each item to a model
-(endpoint pool, transport, retries), :mod:`.run_coordination` deals with the other runs, the
-ledger writer (:mod:`.ledger_writer`) keeps outcomes. What is left here: deduplication, the
+(endpoint pool, transport, retries), :mod:`.coordination` deals with the other runs, the
+ledger writer (:mod:`.writer`) keeps outcomes. What is left here: deduplication, the
 ledger cache, the token budget, the outcome of every row, progress and the run's figures.
 
 Every row ends in exactly one state (:class:`~.results.RowStatus`): ok (answered, possibly by an

@@ -198,7 +198,7 @@ class Task:
     def batch_line(self, delivery: Delivery) -> Delivery:
         """The delivery for the offline batch API, given the one that writes one request per
         batch line: a task whose items are not requests themselves wraps it (see
-        :class:`~..delivery.grouping.OneItemPerRequest`)."""
+        :class:`~dagster_batchllm.core.tasks.embed.task.OneInputPerLine`)."""
         return delivery
 
     def run_settings(self, settings: InferenceSettings, capacity: int) -> InferenceSettings:

@@ -10,7 +10,7 @@ whether a retry may fix it: 429, 5xx) for each failed one, and ``missing`` for t
 expired or cancelled batch never answered. The engine's next pass turns those into row outcomes
 (the answers of its own partition's batches it takes from :attr:`BatchCollector.answers`,
 without reading them back). The usual chat answers are read in Arrow, in blocks of lines, as
-columns (see :mod:`.batch_lines`); SQLite lines are settled by rowid.
+columns (see :mod:`.lines`); SQLite lines are settled by rowid.
 
 A batch of the call's own partition whose answers all fit in that hold is *in hand*
 (:attr:`BatchCollector.in_hand`): its answers are written once, by the pass, to the ledger,

@@ -1,7 +1,7 @@
 """The batch API as a delivery: each request becomes a line of a batch file, not an HTTP call.
 
 The engine hands :class:`BatchDelivery` parcels of requests (``send_many``; ``send`` is a
-parcel of one). Each key is looked up in the batch book (see :mod:`.batch_book`) and then,
+parcel of one). Each key is looked up in the batch book (see :mod:`.book`) and then,
 without waiting for any batch:
 
 * the key's line was answered in a collected batch: the reply goes back to the engine, which
@@ -15,7 +15,7 @@ without waiting for any batch:
   is charged its reservation, and the row is deferred, waiting for that batch.
 
 Two shortcuts spare most keys their lookup: an answer the call's collector has just collected
-is taken from it (:attr:`~.batch_collect.BatchCollector.answers`), and after a parcel whose keys
+is taken from it (:attr:`~.collect.BatchCollector.answers`), and after a parcel whose keys
 had no line the next are recorded as first attempts at once, all or none: if any of them has a
 line after all, the book takes none of them and they are looked up and decided as above.
 

@@ -61,7 +61,7 @@ class BatchProtocol(Protocol):
                 ) -> Iterator[LineResult | AnswerBlock]:
         """The ended batch's result lines (output then errors), streamed: a line each, or
         the answers of many lines as columns where the protocol read ``route``'s replies
-        itself (see :mod:`.batch_lines`)."""
+        itself (see :mod:`.lines`)."""
         ...
 
     def cancel(self, batch_id: str) -> None: ...

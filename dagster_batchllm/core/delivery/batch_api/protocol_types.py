@@ -36,7 +36,7 @@ def http_client(sdk: Any) -> Any:
 @dataclass(frozen=True, slots=True)
 class BatchStatus:
     batch_id: str
-    status: str  # the provider's word; see :data:`~.batch_book.ENDED`
+    status: str  # the provider's word; see :data:`~.book.ENDED`
     ended: bool
     request_counts: dict[str, int]
     output_file_id: str | None

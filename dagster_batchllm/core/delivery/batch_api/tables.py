@@ -1,5 +1,5 @@
 """The batch book's two tables, a line as read from them, and who owns a batch: the book's
-schema, apart from its statements (:mod:`.batch_book`)."""
+schema, apart from its statements (:mod:`.book`)."""
 
 from __future__ import annotations
 

@@ -4,12 +4,12 @@ What ``predict()`` does per row through the engine (a request key, a ledger look
 a ledger record), done per batch instead: a Spark Arrow batch of 10,000 rows costs the engine
 tens of microseconds of Python per row (its per-key state, deduplication, journal), while the
 model costs a fraction of one. Here the keys of a batch are computed in one pass over plain
-Python values, looked up with :meth:`~.ledger.Ledger.lookup_ok`, the missing rows scored in one
+Python values, looked up with :meth:`~.table.Ledger.lookup_ok`, the missing rows scored in one
 ``pyfunc.predict`` per model (a rejected batch halved until each bad row fails alone, as
 :func:`~.scoring.predict_isolating_errors` does) and the outcomes written with one
-:meth:`~.ledger.Ledger.upsert`.
+:meth:`~.table.Ledger.upsert`.
 
-The keys are :class:`~.predict.PredictTask`'s, byte for byte (numeric columns take a faster
+The keys are :class:`~.predict.task.PredictTask`'s, byte for byte (numeric columns take a faster
 road to the same values; any other column goes through ``PredictTask.requests`` itself), so
 ``predict()`` and ``model_udf(..., use_ledger=True)`` answer each other's rows from the ledger.
 
@@ -55,7 +55,7 @@ class KeyedBatch:
 
 def request_keys(frame: Any, call: PredictCall, models: dict[str, ResolvedModel]
                  ) -> list[str | RowError]:
-    """Each row's request key as :class:`~.predict.PredictTask` makes it, or its error."""
+    """Each row's request key as :class:`~.predict.task.PredictTask` makes it, or its error."""
     columns = list(call.input_columns)
     features = frame[columns]
     if not all(dtype.kind in _NUMERIC and not hasattr(dtype, "na_value")

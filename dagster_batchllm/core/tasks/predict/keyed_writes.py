@@ -1,4 +1,4 @@
-"""Ledger writes of :func:`~.keyed_scoring.score_keyed` on a thread, while the next batch is
+"""Ledger writes of :func:`~.keyed.score_keyed` on a thread, while the next batch is
 scored.
 
 A Spark task's batches come one after another: with the write on the task's own thread, each

@@ -1,7 +1,7 @@
 """Deliveries of ``predict()``: in-process MLflow models, and the router beside the pool.
 
 :class:`InProcessScoring` scores a group of rows with the model's pyfunc ``predict`` on a
-thread (the model loaded once per process, :func:`~.mlflow_models.load_model`). A group the
+thread (the model loaded once per process, :func:`~.models.load_model`). A group the
 model rejects raises :class:`~.errors.InvalidInputError`, so the grouping delivery splits it
 until the bad row fails alone with the model's reason. :class:`ScoringRouter` sends each group
 to the in-process scorer or, for a served model, to the delivery the engine built (the pool,
