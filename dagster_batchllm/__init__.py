@@ -34,7 +34,7 @@ _LAZY = {
     "InferenceResult": "dagster_batchllm.core.results",
     "InferenceStats": "dagster_batchllm.core.results",
     "InferenceEstimate": "dagster_batchllm.core.results",
-    "Plan": "dagster_batchllm.core.plan",
+    "Plan": "dagster_batchllm.core.run.plan",
     "EndpointSpec": "dagster_batchllm.core.settings",
     "InferenceSettings": "dagster_batchllm.core.settings",
     "Ledger": "dagster_batchllm.core.ledger.table",
@@ -90,9 +90,9 @@ if TYPE_CHECKING:
     from .core.client import InferenceClient
     from .core.errors import BatchLLMError, ErrorType, InferenceConfigError
     from .core.ledger.table import Ledger
-    from .core.plan import Plan
     from .core.pricing import Price
     from .core.results import InferenceEstimate, InferenceResult, InferenceStats
+    from .core.run.plan import Plan
     from .core.settings import EndpointSpec, InferenceSettings
     from .core.tasks.embed.call import EmbedCall
     from .core.tasks.predict.task import PredictionResult

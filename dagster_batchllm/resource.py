@@ -12,8 +12,8 @@ from dagster._core.definitions.definition_config_schema import DefinitionConfigS
 from pydantic import Field, PrivateAttr
 
 from .core.client import InferenceClient
-from .core.plan import Plan
 from .core.results import InferenceEstimate, InferenceResult
+from .core.run.plan import Plan
 from .core.settings import InferenceSettings
 from .core.tasks.chat.call import InferenceCall
 from .core.tasks.embed.call import EmbedCall

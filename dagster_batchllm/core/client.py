@@ -11,29 +11,28 @@ executors use it directly;
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
-import os
-import signal
 import threading
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 
+from ..semantic.aggregate import aggregate_frame
 from .batch.mode import BatchModeCall, check_delivery, check_mode
 from .delivery.online import OnlineDelivery
 from .delivery.pool import EndpointPool
 from .delivery.transport import make_transport
 from .errors import InferenceConfigError
 from .ledger.table import Ledger
-from .plan import BATCH_API, ONLINE, DryCount, Plan, make_plan
 from .requests import distinct_requests
 from .results import InferenceEstimate, InferenceResult
 from .run.budgets import check_planned_cost
 from .run.engine import InferenceRun
 from .run.figures import estimate_cost, paid_totals
+from .run.plan import BATCH_API, ONLINE, DryCount, Plan, make_plan
+from .run.sync import run_sync
 from .settings import InferenceSettings
 from .tasks.base import CallBase, Task, task_type_for
 from .tasks.chat.call import InferenceCall
@@ -44,9 +43,6 @@ from .tasks.embed.task import EmbedTask  # noqa: F401  (registers the embeddings
 from .tasks.predict.task import PredictCall, PredictTask  # noqa: F401  (registers predict)
 
 log = logging.getLogger("dagster_batchllm")
-Result = TypeVar("Result")
-# How long a stopping run may take to write its answers before the stop goes through anyway.
-_STOP_WAIT_S = 4.0
 
 
 class InferenceClient:
@@ -218,8 +214,6 @@ class InferenceClient:
         """One answer per group of ``df``'s rows, however many (``instruction=``, ``column=``,
         ``by=[...]``, ``model=``, ``max_tokens=`` ...), reduced level by level through
         :meth:`ainfer`: see :mod:`dagster_batchllm.semantic.aggregate`."""
-        from ..semantic.aggregate import aggregate_frame
-
         return await aggregate_frame(self, df, **kwargs)
 
     def estimate(self, df: Any, call: CallBase | None = None, /, task: str = "chat",
@@ -322,97 +316,3 @@ class InferenceClient:
                            max_reply_bytes=settings.max_reply_bytes),
             route=task.route, route_models=task.route_models(settings), parse=task.parse_reply,
             log=log))
-
-
-def run_sync(coro: Coroutine[Any, Any, Result]) -> Result:
-    """Run a coroutine to completion from sync code, also inside a running loop (notebooks).
-
-    A stop reaches the coroutine as a cancellation, so it writes what was answered and lets go
-    of what it holds before the caller sees the stop: Ctrl-C (KeyboardInterrupt, Dagster's run
-    termination too) and, where nobody else handles it, SIGTERM (the process then still ends
-    as SIGTERM says, once the coroutine has stopped). Inside a running loop the coroutine runs
-    on a thread of its own, which a KeyboardInterrupt in the caller's thread cancels.
-    """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        in_a_loop = False
-    else:
-        in_a_loop = True
-    # Decided outside the except block above: an error of the coroutine raised in it would
-    # carry "RuntimeError: no running event loop" as its context in every traceback.
-    if in_a_loop:
-        return _run_on_thread(coro)
-    with asyncio.Runner() as runner:
-        task = runner.get_loop().create_task(coro)
-        with _sigterm_cancels(task):
-            return runner.run(_await(task))
-
-
-def _run_on_thread(coro: Coroutine[Any, Any, Result]) -> Result:
-    outcome: dict[str, Any] = {}
-    started = threading.Event()
-
-    def target() -> None:
-        try:
-            with asyncio.Runner() as runner:
-                outcome["loop"] = runner.get_loop()
-                outcome["task"] = runner.get_loop().create_task(coro)
-                started.set()
-                outcome["value"] = runner.run(_await(outcome["task"]))
-        except BaseException as exc:  # re-raised in the caller's thread below
-            outcome["error"] = exc
-        finally:
-            started.set()
-
-    thread = threading.Thread(target=target, name="batchllm-infer", daemon=True)
-    thread.start()
-    try:
-        thread.join()
-    except BaseException:
-        # The caller's thread was interrupted: stop the run (it writes what was answered),
-        # wait for it a bounded time, then let the interrupt through.
-        started.wait(_STOP_WAIT_S)
-        if "task" in outcome:
-            outcome["loop"].call_soon_threadsafe(outcome["task"].cancel)
-        thread.join(_STOP_WAIT_S)
-        raise
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
-
-
-async def _await(task: asyncio.Task) -> Any:
-    return await task
-
-
-@contextlib.contextmanager
-def _sigterm_cancels(task: asyncio.Task):
-    """While ``task`` runs in the main thread, SIGTERM cancels it (where SIGTERM would
-    otherwise kill the process on the spot, losing what was answered); once it has stopped,
-    the process ends by SIGTERM after all. Where someone else handles SIGTERM (Dagster turns
-    it into a KeyboardInterrupt), their handler stays."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
-        yield
-        return
-    received: list[int] = []
-    loop = task.get_loop()
-
-    def on_sigterm(signum: int, _frame: Any) -> None:
-        received.append(signum)
-        task.cancel()
-        loop.call_soon_threadsafe(lambda: None)  # wake the loop if it is waiting in select
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield
-    except asyncio.CancelledError:
-        if not received:
-            raise
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        if received:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-

@@ -34,6 +34,7 @@ from typing import Any
 
 from ..ai_functions.calls import BoundCall, read_outcome
 from ..core.results import InferenceStats
+from ..core.run.sync import run_sync
 from .options import Cascade
 from .scored import ScoredCall, ScoredReply, answer_confidence
 
@@ -175,8 +176,6 @@ def cascade_outcomes(client: Any, call: BoundCall, texts: Sequence[str], **where
                      ) -> list[Outcome]:
     """Sync: ``texts`` through ``call``'s cascade, each outcome as SQL reads it (an unreadable
     reply is NULL where the call says so); the report goes nowhere (Spark's executors)."""
-    from ..core.client import run_sync
-
     result = run_sync(acascade(client, call, texts, call.cascade, kind=kind_of(call), **where))
     reading = dataclasses.replace(call, reader=None)
     return [read_outcome(reading, outcome) for outcome in result.outcomes]

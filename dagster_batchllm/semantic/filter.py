@@ -36,6 +36,7 @@ from ..ai_functions.catalogue import FUNCTIONS
 from ..core.batch.mode import check_delivery
 from ..core.errors import InferenceConfigError
 from ..core.results import InferenceStats
+from ..core.run.sync import run_sync
 from .cascade import CLASSIFY, FILTER, CascadeReport, acascade
 from .options import Cascade
 
@@ -83,8 +84,6 @@ def classify_rows(client: Any, df: Any, *, labels: Sequence[str], column: str,
 
 def _answer(client: Any, df: Any, bound: BoundCall, kind: str, columns: Sequence[str],
             model: str | None, output_column: str, where: dict[str, Any]) -> SemanticResult:
-    from ..core.client import run_sync
-
     return run_sync(_aanswer(client, df, bound, kind, columns, model, output_column, where))
 
 

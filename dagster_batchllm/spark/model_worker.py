@@ -51,7 +51,7 @@ class ModelJob:
         return self.use_ledger and all(m.kind == IN_PROCESS for _, m in self.models)
 
     def background_writes(self) -> BackgroundWrites | None:
-        """A writer thread for one task's batches (see :mod:`~dagster_batchllm.core.tasks.predict.keyed_writes`)."""
+        """A writer thread for one task's batches (see :mod:`~.predict.keyed_writes`)."""
         if not self.keyed:
             return None
         return BackgroundWrites(client_for(self.settings).ledger,

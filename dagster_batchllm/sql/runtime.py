@@ -40,7 +40,7 @@ Key = tuple[str, str, str, Any]  # (request id, model, message, file or None)
 NULL_OUTCOME: Outcome = (None, None)
 
 class Runtime:
-    """Answers batches of rows for bound calls through one :class:`~dagster_batchllm.core.client.InferenceClient`."""
+    """Answers batches of rows for bound calls through one :class:`~.client.InferenceClient`."""
 
     def __init__(self, client: Any, *, default_model: str | None = None,
                  partition_key: str | None = None, run_id: str | None = None,

@@ -9,7 +9,7 @@ import pytest
 
 from dagster_batchllm import Plan, Price
 from dagster_batchllm.core.client import InferenceClient
-from dagster_batchllm.core.plan import MIN_CALIBRATION_RECORDS
+from dagster_batchllm.core.run.plan import MIN_CALIBRATION_RECORDS
 
 MODEL = "sim-model"
 PRICE = Price(input_per_mtok=2.0, output_per_mtok=8.0, cached_input_per_mtok=0.5)

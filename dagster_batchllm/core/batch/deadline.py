@@ -62,8 +62,6 @@ MEASURED_RECORDS = 200
 #: slow start plus a slow stream (20 tokens a second) for each of ``max_tokens``.
 UNMEASURED_LATENCY_S = 2.0
 UNMEASURED_S_PER_TOKEN = 0.05
-#: Rows deferred for the online endpoints by the switch's pass (see BatchDelivery.submits).
-LEFT_FOR_ONLINE = "left for the online endpoints: the deadline is near"
 
 
 def deadline_at(deadline: Any, *, now: float | None = None) -> float | None:
@@ -257,6 +255,6 @@ def duplicates(book: BatchBook, settings: Any, scope: str, partition_key: str
     return count, cost
 
 
-__all__ = ["CANCEL_WAIT_S", "LEFT_FOR_ONLINE", "MARGIN_S", "SAFETY_FACTOR", "WAKE_S",
+__all__ = ["CANCEL_WAIT_S", "MARGIN_S", "SAFETY_FACTOR", "WAKE_S",
            "DeadlineKeeper", "OnlineRate", "cancel_unfinished", "deadline_at", "duplicates",
            "iso", "measured_latency_s", "online_rate"]

@@ -1,6 +1,6 @@
 """``infer(..., mode="batch_api")``: a call answered through a provider's offline batch API.
 
-The call runs as passes of the ordinary engine over a :class:`~dagster_batchllm.core.delivery.batch_api.delivery.BatchDelivery`:
+The call runs as passes of the ordinary engine over a :class:`~.batch_api.delivery.BatchDelivery`:
 
 1. Before each pass the collector polls the book's unfinished batches and collects those that
    ended (see :mod:`dagster_batchllm.core.delivery.batch_api.collect`).
@@ -29,7 +29,7 @@ from typing import Any
 
 from ..delivery.batch_api.book import COLLECTED, SUBMIT_FAILED, BatchBook
 from ..delivery.batch_api.collect import BatchCollector, progress_line
-from ..delivery.batch_api.delivery import BatchDelivery
+from ..delivery.batch_api.delivery import LEFT_FOR_ONLINE, BatchDelivery
 from ..delivery.batch_api.protocol import batch_config_problem, protocol_for
 from ..delivery.batch_api.submit import batch_name
 from ..delivery.limits import CostBudget, TokenBudget
@@ -41,7 +41,6 @@ from ..run.gc_pacing import BATCH_THRESHOLDS, fewer_collections
 from ..tasks.base import CallBase, Task
 from .deadline import (
     CANCEL_WAIT_S,
-    LEFT_FOR_ONLINE,
     DeadlineKeeper,
     cancel_unfinished,
     deadline_at,

@@ -34,7 +34,7 @@ _ITEM_ERRORS = frozenset({
 
 
 class GroupedTask(Protocol):
-    """What a task that puts several items in one request adds to :class:`~dagster_batchllm.core.tasks.base.Task`."""
+    """What a task that puts several items in one request adds to :class:`~.tasks.base.Task`."""
 
     #: Most items in one request.
     items_per_request: int

@@ -20,9 +20,9 @@ from ..usage import hold_to_bound
 
 if TYPE_CHECKING:
     from ..delivery.base import Attempts
-    from ..plan import Plan
     from ..requests import RowRequest
     from ..settings import InferenceSettings
+    from .plan import Plan
 
 
 def check_planned_cost(settings: InferenceSettings, budget_usd: float, plan: Plan) -> float:

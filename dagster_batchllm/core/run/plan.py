@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from .ledger.table import OK
+from ..ledger.table import OK
 
 if TYPE_CHECKING:
-    from .ledger.table import Ledger
-    from .pricing import Price
-    from .requests import RowRequest
-    from .settings import InferenceSettings
+    from ..ledger.table import Ledger
+    from ..pricing import Price
+    from ..requests import RowRequest
+    from ..settings import InferenceSettings
 
 #: Fewer past records than this of a (scope, model), and the plan takes the bound.
 MIN_CALIBRATION_RECORDS = 20

@@ -34,7 +34,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...batch.deadline import LEFT_FOR_ONLINE
 from ...errors import DeferredError, ErrorType, RowError, UnsupportedModelError
 from ...requests import Completion, RowRequest
 from ...settings import EndpointSpec, InferenceSettings
@@ -57,6 +56,11 @@ _UPLOADS_AT_ONCE = 2
 #: A line to submit: its file, key, attempt and bytes, and whether it was placed without a
 #: look at the key's lines (assumed new: a first attempt, see BatchDelivery.send_many).
 Note = tuple[Spool, str, int, bytes, bool]
+
+
+#: Rows deferred for the online endpoints by a pass that submits nothing (``submits=False``:
+#: the deadline's switch in :mod:`dagster_batchllm.core.batch.mode` sends them online).
+LEFT_FOR_ONLINE = "left for the online endpoints: the deadline is near"
 
 
 class BatchDelivery(Delivery):

@@ -1,6 +1,6 @@
 """Embeddings: each row's text becomes one float32 vector, many inputs per ``/embeddings`` request.
 
-:class:`EmbedTask` is a :class:`~dagster_batchllm.core.tasks.base.Task` and a :class:`~.grouping.GroupedTask`: the engine
+:class:`EmbedTask` is a :class:`~.tasks.base.Task` and a :class:`~.grouping.GroupedTask`: the engine
 keys, deduplicates, looks up, budgets and records every input on its own, and the grouping
 delivery puts up to ``inputs_per_request`` of them in one request (a request refused because
 of one input is split until only that input fails).
