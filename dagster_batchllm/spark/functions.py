@@ -79,8 +79,8 @@ class AIFunctionBuilder:
         self.judf = judf
 
     def apply(self, expressions: Any) -> Any:
-        check_call(self.ai, self.function, self.default_model, _arguments(self.function,
-                                                                          expressions))
+        check_call(self.ai, self.function, self.default_model,
+                   bind_arguments(self.function, expressions))
         return self.judf.builder(expressions)
 
     class Java:
@@ -122,8 +122,9 @@ def check_call(ai: Any, function: AIFunction, default_model: str | None,
         ai.check_model(model, where=name)
 
 
-def _arguments(function: AIFunction, expressions: Any) -> dict[str, Any]:
-    """Parameter name -> expression, for positional and ``name => value`` arguments alike."""
+def bind_arguments(function: AIFunction, expressions: Any) -> dict[str, Any]:
+    """Parameter name -> expression, for positional and ``name => value`` arguments alike, by
+    the catalogue's signature of ``function`` (``ai_query``'s too)."""
     names = [p.name for p in function.params]
     arguments: dict[str, Any] = {}
     for i in range(expressions.length()):

@@ -51,10 +51,6 @@ from .model_sql import constant as _constant
 from .model_sql import scala_seq, scoring_expression, scoring_model, string_literal
 from .session import SparkAI
 
-PARAMETERS = ("endpoint", "request", "returnType", "failOnError", "modelParameters",
-              "responseFormat", "files")
-SIGNATURE = ("ai_query(endpoint, request [, returnType] [, failOnError] [, modelParameters] "
-             "[, responseFormat] [, files])")
 # files => content: each row's image, as BINARY (read_files/binaryFile's content) or a STRING
 # path or URL, or an ARRAY of those (a document's pages).
 _FILE_TYPES = frozenset({"binary", "string"})
@@ -168,22 +164,7 @@ def _arguments(expressions: Any) -> tuple[dict[str, Any], bool]:
         arguments.update(zip(("endpoint", "request"), given[:2], strict=True))
         arguments.update(pairs)
         return arguments, True
-    for i, expr in enumerate(given):
-        if _is_named(expr):
-            name = str(expr.key())
-            if name not in PARAMETERS:
-                raise InferenceConfigError(
-                    f"ai_query has no parameter '{name}'; its signature is {SIGNATURE}.")
-            arguments[name] = expr.value()
-        elif i < len(PARAMETERS):
-            arguments[PARAMETERS[i]] = expr
-        else:
-            raise InferenceConfigError(
-                f"ai_query takes at most {len(PARAMETERS)} arguments: {SIGNATURE}.")
-    for required in ("endpoint", "request"):
-        if required not in arguments:
-            raise InferenceConfigError(f"ai_query needs '{required}': {SIGNATURE}.")
-    return arguments, False
+    return functions.bind_arguments(AI_QUERY, expressions), False
 
 
 def _is_named(expression: Any) -> bool:
