@@ -36,8 +36,6 @@ class TextCall(CallBase):
     model: str | None = MODEL
     output_column: str = "reversed"
     error_column: str | None = None
-    scope: str = ""
-    partition_key: str = ""
 
     def __post_init__(self) -> None:
         self._check_common()

@@ -34,20 +34,25 @@ class _CallFields:
     """The dataclass fields every job's call has, keyword-only (so they follow each call's
     own fields, with or without defaults, in its ``__init__``)."""
 
+    token_budget: int | None = described(
+        "Most tokens this call may spend; rows past it are deferred to a later call.", None,
+        kw_only=True)
     budget_usd: float | None = described(
         "Most USD this call (an asset's partition) may spend, at the prices of the endpoints: "
         "refused before anything is sent when the rows to send could cost more, and while it "
         "runs no request is sent whose most possible cost would pass it (those rows are "
         "deferred to a later call, as with token_budget).", None, kw_only=True)
+    scope: str = described("The ledger scope of the rows (an asset's key).", "", kw_only=True)
+    partition_key: str = described("The ledger partition of the rows.", "", kw_only=True)
 
 
 class CallBase(_CallFields):
     """What every job's call has: the output and error columns, the ledger's scope and
     partition, the input columns it reads, its checks against a table, and its key material.
 
-    Subclasses are frozen dataclasses with the fields ``output_column``, ``error_column``,
-    ``scope`` and ``partition_key``; they call :meth:`_check_common` from ``__post_init__``.
-    Every call also has the keyword-only field ``budget_usd``."""
+    Subclasses are frozen dataclasses with the fields ``output_column`` and ``error_column``;
+    they call :meth:`_check_common` from ``__post_init__``. Every call also has the
+    keyword-only fields ``token_budget``, ``budget_usd``, ``scope`` and ``partition_key``."""
 
     #: The job's name in logs and the ledger ("chat", "embed", "predict", ...).
     job: ClassVar[str] = "job"
@@ -58,13 +63,9 @@ class CallBase(_CallFields):
 
     output_column: str
     error_column: str | None
-    scope: str
-    partition_key: str
-    #: The model of every row (None: a model column names each row's). A job without one of
-    #: these fields keeps the defaults.
+    #: The model of every row (None: a model column names each row's). A job without this
+    #: field keeps the default.
     model: str | None = None
-    #: Most tokens the call may spend (None: the settings' budget, if any).
-    token_budget: int | None = None
 
     def _check_common(self) -> None:
         set_ = object.__setattr__  # frozen: normalized values are set once, here

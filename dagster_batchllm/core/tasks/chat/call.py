@@ -80,10 +80,6 @@ class InferenceCall(CallBase):
     max_image_bytes: int = described(
         "Largest image a row may send, in bytes (OpenAI's limit, "
         "20 MiB, by default); a larger one is a per-row error.", DEFAULT_MAX_IMAGE_BYTES)
-    token_budget: int | None = described(
-        "Most tokens this call may spend; rows past it are deferred to a later call.", None)
-    scope: str = described("The ledger scope of the rows (an asset's key).", "")
-    partition_key: str = described("The ledger partition of the rows.", "")
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalized values are set once, here

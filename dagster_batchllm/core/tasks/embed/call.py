@@ -65,10 +65,6 @@ class EmbedCall(CallBase):
     cells_as_text: bool = described(
         "Render numbers, booleans, timestamps and UTF-8 bytes as text; by default such "
         "a cell is a per-row error.", False)
-    token_budget: int | None = described(
-        "Most tokens this call may spend; rows past it are deferred to a later call.", None)
-    scope: str = described("The ledger scope of the rows (an asset's key).", "")
-    partition_key: str = described("The ledger partition of the rows.", "")
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalized values are set once, here

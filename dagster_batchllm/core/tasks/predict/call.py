@@ -36,8 +36,6 @@ class PredictCall(CallBase):
     #: ``dataframe_records``, or ``inputs`` (TF-serving's columnar form, ``{"inputs": {column:
     #: [values]}}``, for models whose signature takes tensors or a dict of columns).
     input_format: str = "dataframe_split"
-    scope: str = ""
-    partition_key: str = ""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
