@@ -68,7 +68,7 @@ IMAGE_PROMPT = "Extract the invoice number and amount due from page {name}"
 
 
 def write_documents(folder: Path, pages: int) -> None:
-    from dagster_batchllm.documents.writer import write_text_pdf
+    from dagster_batchllm.testing.pdf_writer import write_text_pdf
 
     for d in range(pages // PAGES_PER_DOCUMENT):
         (folder / f"doc{d:06d}.pdf").write_bytes(write_text_pdf([

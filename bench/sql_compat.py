@@ -1,11 +1,11 @@
 """How many of Databricks' documented AI-function examples run as written, engine by engine.
 
-Every example of :mod:`dagster_batchllm.sql.documented` (SQL copied from Databricks' pages,
-each with its source) runs on DuckDB and SQLite through ``execute(..., dialect="databricks")``
-and in Spark SQL as written, against a simulated endpoint serving the endpoints the examples
-name. The table shows, per engine: translated (DuckDB/SQLite only; Spark reads Databricks SQL
-itself), ran, and whether the result types match the documented ones; then the counts, and
-why each example that did not run as documented did not.
+Every example of :mod:`dagster_batchllm.testing.databricks.documented` (SQL copied from
+Databricks' pages, each with its source) runs on DuckDB and SQLite through
+``execute(..., dialect="databricks")`` and in Spark SQL as written, against a simulated endpoint
+serving the endpoints the examples name. The table shows, per engine: translated (DuckDB/SQLite
+only; Spark reads Databricks SQL itself), ran, and whether the result types match the documented
+ones; then the counts, and why each example that did not run as documented did not.
 
 Run from the repository root::
 
@@ -25,15 +25,15 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
-from dagster_batchllm.sql.compat import (
+from dagster_batchllm.testing import SimulatedEndpoint
+from dagster_batchllm.testing.databricks.compat import (
     ExampleRun,
     run_on_duckdb,
     run_on_sqlite,
     sample_frames,
     transcripts_frame,
 )
-from dagster_batchllm.sql.documented import EXAMPLES, SERVED_MODELS
-from dagster_batchllm.testing import SimulatedEndpoint
+from dagster_batchllm.testing.databricks.documented import EXAMPLES, SERVED_MODELS
 
 DATASET = Path(__file__).resolve().parents[1] / "assets" / "data" / "call_center_transcripts.csv.gz"
 
@@ -50,7 +50,7 @@ def spark_runs(settings: InferenceSettings, tables: dict) -> list[ExampleRun]:
     from pyspark.sql import SparkSession
 
     from dagster_batchllm.spark import register_ai_functions
-    from dagster_batchllm.spark.compat import run_on_spark
+    from dagster_batchllm.testing.databricks.spark_compat import run_on_spark
 
     spark = (SparkSession.builder.master("local[2]").appName("sql-compat")
              .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")

@@ -1,13 +1,14 @@
 """The package's layers and shape, checked from its source: no import cycles, no Dagster or PySpark
-in the core, no import of a module path that does not exist, and modules of a readable size.
+in the core, no product module importing the harness (``testing``, ``simulator``), no import of a
+module path that does not exist, and modules of a readable size.
 
 The imports are read statically (``ast``) from every module under ``dagster_batchllm/``, those
 inside functions included (a lazy import is still a dependency), those under
-``if TYPE_CHECKING:`` left out (they never run). ``from . import x`` inside a package is an edge
-to the submodule ``x``; ``from pkg import name`` is an edge to ``pkg.name`` when that is a
-module, else to ``pkg``. Importing a submodule also runs its package's ``__init__``, but that is
-not an edge: a package that re-exports its submodules forms a cycle only when a submodule
-imports its own package back.
+``if TYPE_CHECKING:`` left out (they never run) unless a check asks for them. ``from . import
+x`` inside a package is an edge to the submodule ``x``; ``from pkg import name`` is an edge to
+``pkg.name`` when that is a module, else to ``pkg``. Importing a submodule also runs its
+package's ``__init__``, but that is not an edge: a package that re-exports its submodules forms
+a cycle only when a submodule imports its own package back.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ import pytest
 PACKAGE = "dagster_batchllm"
 ROOT = Path(__file__).resolve().parents[1]
 
-# Code that runs without Dagster and PySpark: the core, the simulator, the AI-function catalogue
-# and what Spark executors import.
-NO_FRAMEWORK_PACKAGES = ("core", "simulator", "ai_functions")
+# Code that runs without Dagster and PySpark: the core, the OpenAI-protocol server and the
+# simulator built on it, the AI-function catalogue and what Spark executors import.
+NO_FRAMEWORK_PACKAGES = ("core", "openai_server", "simulator", "ai_functions")
+# The harness: what tests, benchmarks and users' own tests import. It may import the product; no
+# other module imports it, not lazily in a function, not for type checkers.
+HARNESS_PACKAGES = ("testing", "simulator")
 SPARK_EXECUTOR_MODULES = ("spark.worker", "spark.job", "spark.budget", "spark.model_worker",
                           "spark.aggregate_worker")
 
@@ -65,30 +69,33 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST) -> Iterable[ast.Import | ast.ImportFrom]:
-    """Every import statement that can run: anywhere, except under ``if TYPE_CHECKING:``."""
+def _imports(tree: ast.AST, type_checking: bool = False) -> Iterable[ast.Import | ast.ImportFrom]:
+    """Every import statement that can run: anywhere, except under ``if TYPE_CHECKING:`` (with
+    ``type_checking``, those too: every import a type checker reads)."""
     pending: list[ast.AST] = [tree]
     while pending:
         node = pending.pop()
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
-        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+        elif not type_checking and isinstance(node, ast.If) and _is_type_checking(node.test):
             pending.extend(node.orelse)
             continue
         pending.extend(ast.iter_child_nodes(node))
 
 
-def build_graph(root: Path, package: str) -> ImportGraph:
-    """The import graph of ``root / package`` (``root`` is the directory holding the package)."""
+def build_graph(root: Path, package: str, type_checking: bool = False) -> ImportGraph:
+    """The import graph of ``root / package`` (``root`` is the directory holding the package);
+    with ``type_checking``, the imports under ``if TYPE_CHECKING:`` are edges too."""
     graph = ImportGraph()
     for path in sorted((root / package).rglob("*.py")):
         graph.modules[module_name(path, root)] = path
     for module, path in graph.modules.items():
-        _add_imports(graph, package, module, path)
+        _add_imports(graph, package, module, path, type_checking)
     return graph
 
 
-def _add_imports(graph: ImportGraph, package: str, module: str, path: Path) -> None:
+def _add_imports(graph: ImportGraph, package: str, module: str, path: Path,
+                 type_checking: bool) -> None:
     edges = graph.edges.setdefault(module, [])
     external = graph.external.setdefault(module, {})
 
@@ -101,7 +108,7 @@ def _add_imports(graph: ImportGraph, package: str, module: str, path: Path) -> N
             edges.append(Edge(module, target, line))
 
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    for node in _imports(tree):
+    for node in _imports(tree, type_checking):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 top = alias.name.split(".")[0]
@@ -234,6 +241,17 @@ def framework_free_modules(graph: ImportGraph) -> list[str]:
                   if m in executors or any(m == p or m.startswith(p + ".") for p in prefixes))
 
 
+def _in_harness(module: str) -> bool:
+    return any(module == f"{PACKAGE}.{p}" or module.startswith(f"{PACKAGE}.{p}.")
+               for p in HARNESS_PACKAGES)
+
+
+def harness_imports(graph: ImportGraph) -> list[Edge]:
+    """Every import of the harness by a module outside it."""
+    return [edge for module in sorted(graph.modules) if not _in_harness(module)
+            for edge in graph.edges.get(module, []) if _in_harness(edge.target)]
+
+
 def _describe(chain: Iterable[Edge | str]) -> str:
     return "\n    ".join(str(step) for step in chain)
 
@@ -269,6 +287,19 @@ def test_core_simulator_catalogue_and_spark_executors_import_no_dagster_or_pyspa
     problems = {m: chains for m, chains in problems.items() if chains}
     assert not problems, "Modules that must run without Dagster and PySpark import them:\n  " + \
         "\n  ".join(f"{m}:\n    {_describe(chains[0])}" for m, chains in problems.items())
+
+
+def test_no_product_module_imports_the_harness():
+    """The product serves through its own OpenAI-protocol server; the simulator and the testing
+    package stay importable for tests (users' own included), but nothing else imports them, not
+    even lazily or for type checkers."""
+    typed = build_graph(ROOT, PACKAGE, type_checking=True)
+    assert f"{PACKAGE}.openai_server" in typed.imports_of(f"{PACKAGE}.managed.classical.server")
+    assert f"{PACKAGE}.openai_server.endpoint" in typed.imports_of(
+        f"{PACKAGE}.simulator.endpoint")  # the harness builds on the product, not the other way
+    found = harness_imports(typed)
+    assert not found, "Product modules importing the harness (testing/, simulator/):\n  " + \
+        "\n  ".join(str(e) for e in found)
 
 
 def test_every_imported_module_path_exists(graph):
@@ -346,3 +377,26 @@ def test_the_checks_find_cycles_framework_imports_and_missing_paths(tmp_path):
     assert sorted(build_graph(tmp_path, PACKAGE).missing) == [
         f"{PACKAGE}.core.d imports {PACKAGE}.core.gone (line 1)",
         f"{PACKAGE}.core.d imports from {PACKAGE}.core.gone (line 2)"]
+
+
+def test_the_harness_check_finds_lazy_and_type_only_imports(tmp_path):
+    _write(tmp_path, {
+        f"{PACKAGE}/__init__.py": "",
+        f"{PACKAGE}/core/__init__.py": "",
+        # The harness may import the product...
+        f"{PACKAGE}/testing/__init__.py": "from ..core import helpers\n",
+        f"{PACKAGE}/core/helpers.py": "",
+        f"{PACKAGE}/simulator/__init__.py": f"import {PACKAGE}.testing\n",
+        # ...the product may not import it: in a function, or for type checkers only.
+        f"{PACKAGE}/managed/__init__.py": "",
+        f"{PACKAGE}/managed/lazy.py": "def start():\n    from ..testing import Endpoint\n",
+        f"{PACKAGE}/managed/typed.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                        f"    from {PACKAGE}.simulator import Endpoint\n"),
+    })
+    typed = build_graph(tmp_path, PACKAGE, type_checking=True)
+    assert [str(e) for e in harness_imports(typed)] == [
+        f"{PACKAGE}.managed.lazy -> {PACKAGE}.testing (line 2)",
+        f"{PACKAGE}.managed.typed -> {PACKAGE}.simulator (line 3)"]
+    # Without type_checking the graph holds what runs: the type-only import is not in it.
+    assert [str(e) for e in harness_imports(build_graph(tmp_path, PACKAGE))] == [
+        f"{PACKAGE}.managed.lazy -> {PACKAGE}.testing (line 2)"]

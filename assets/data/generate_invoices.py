@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
 
-from dagster_batchllm.documents.writer import write_scanned_pdf, write_text_pdf
+from dagster_batchllm.testing.pdf_writer import write_scanned_pdf, write_text_pdf
 
 SEED = 20261105
 COUNT = 12  # invoices with a text layer; one scanned invoice follows them

@@ -1,14 +1,14 @@
 """Chat and legacy completions: validate a request body and build its reply.
 
-Pure functions of (`Serving`, body): the online routes and the batch runner both call them,
-so a batch line gets the same answer as the same body sent online.
+Pure functions of (`Serving`, body): the online routes and the simulator's batch runner both
+call them, so a batch line gets the same answer as the same body sent online.
 
 Usage: prompt tokens are one per 4 characters of each message's text parts (rounded up) plus
 4 per message, plus `IMAGE_TOKENS` (85, OpenAI's low-detail cost) per image part; completion
-tokens are one per 4 characters of the reply, times ``n``. With a prefix cache
-(``prefix_cache_tokens``; see `dagster_batchllm.simulator.prefix_cache`) the usage says how
-many prompt tokens it held (``prompt_tokens_details.cached_tokens``, OpenAI's and vLLM's field),
-and ``prefill_s_per_token`` adds that much latency per prompt token not cached.
+tokens are one per 4 characters of the reply, times ``n``. When the state holds a prefix cache
+(`ServingState.prefill`; the simulator's ``prefix_cache_tokens``) the usage says how many
+prompt tokens it held (``prompt_tokens_details.cached_tokens``, OpenAI's and vLLM's field), and
+the request carries the latency the rest adds (``prefill_s``).
 """
 
 from __future__ import annotations
@@ -17,15 +17,10 @@ import time
 from dataclasses import dataclass, field
 
 from .images import IMAGE_TOKENS, ImagePart, parse_content
-from .prefix_cache import prompt_stream
-from .protocol import Reject, Serving
-from .responders import prompt_text
-from .state import tokens
+from .protocol import Reject, Serving, tokens
+from .responder import prompt_text
 
 DEFAULT_MAX_TOKENS = 256
-# A body cut mid-object, as a broken proxy would send it.
-MALFORMED_BODY = b'{"id": "chatcmpl-sim", "object": "chat.completion", "choices": [{"ind'
-BAD_STRUCTURED = '{"sim": "bad_structured", "value": '
 
 
 @dataclass
@@ -47,30 +42,18 @@ class Generation:
     # responder gives them (see labelled.py); None: the reply says "logprobs": null
     logprobs: list | None = None
 
-    malformed = MALFORMED_BODY
-
     @property
     def cost(self) -> int:
-        """Tokens charged to the rate-limit window: prompt plus the full reply."""
+        """The tokens the request costs: its prompt and its whole reply."""
         return self.prompt_tokens + tokens(self.text) * self.n
 
-    def render(self, serving: Serving, outcome: str = "ok") -> tuple[dict, dict | None]:
-        """The reply body for an outcome ("ok" or a broken-but-200 one), and the usage counted
-        for it (None when the body carries none)."""
-        text, finish = self.text, self.finish
-        if outcome == "empty":
-            text, finish = "", "stop"
-        elif outcome == "bad_structured":
-            text, finish = BAD_STRUCTURED, "stop"
-        completion_tokens = tokens(text) * self.n
-        payload = completion_payload(self.chat, f"{next(serving.ids)}", self.model, text, finish,
-                                     self.n, self.prompt_tokens, completion_tokens,
-                                     self.cached_tokens,
-                                     self.logprobs if outcome == "ok" else None)
+    def render(self, serving: Serving) -> tuple[dict, dict | None]:
+        """The reply body and the usage counted for it."""
+        completion_tokens = tokens(self.text) * self.n
+        payload = completion_payload(self.chat, f"{next(serving.ids)}", self.model, self.text,
+                                     self.finish, self.n, self.prompt_tokens, completion_tokens,
+                                     self.cached_tokens, self.logprobs)
         payload["usage"] = serving.state.reported_usage(payload["usage"])
-        if outcome == "no_choices":
-            del payload["choices"], payload["usage"]
-            return payload, None
         return payload, {"prompt_tokens": self.prompt_tokens,
                          "completion_tokens": completion_tokens}
 
@@ -81,7 +64,7 @@ def prepare_generation(serving: Serving, body: object, chat: bool) -> Generation
         raise Reject(400, "request body must be a JSON object")
     model = serving.check_model(body.get("model"), embeddings=False)
     if body.get("stream"):
-        raise Reject(400, "streaming not supported by the simulated endpoint")
+        raise Reject(400, "streaming is not supported by this server")
     config = serving.state.config
     images: list[ImagePart] = []
     if chat:
@@ -132,21 +115,12 @@ def prepare_generation(serving: Serving, body: object, chat: bool) -> Generation
         text, finish = text[: max(requested, 0) * 4], "length"
     n = body.get("n") or 1
     n = n if isinstance(n, int) and n > 0 else 1
-    cached, prefill_s = _prefill(serving, laid_out, prompt_tokens)
+    cached, prefill_s = serving.state.prefill(laid_out, prompt_tokens)
     scorer = getattr(serving.responder, "logprobs", None)
     logprobs = (scorer(model, messages, params, text)
                 if chat and body.get("logprobs") is True and callable(scorer) else None)
     return Generation(body, chat, model, prompt_tokens, text, finish, n, images,
                       prompt_text(messages) if images else "", cached, prefill_s, logprobs)
-
-
-def _prefill(serving: Serving, laid_out: list[tuple[str, str]], prompt_tokens: int
-             ) -> tuple[int | None, float]:
-    """The prompt tokens the prefix cache held (None without one) and the prefill latency."""
-    cache, config = serving.state.prefix_cache, serving.state.config
-    cached = (cache.serve(prompt_stream(laid_out), prompt_tokens) if cache.enabled else None)
-    per_token = config["prefill_s_per_token"] or 0.0
-    return cached, per_token * (prompt_tokens - (cached or 0))
 
 
 def completion_payload(chat: bool, serial: str, model: str, text: str, finish: str, n: int,

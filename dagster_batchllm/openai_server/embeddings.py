@@ -13,12 +13,9 @@ rounded up. Validation (all 400s): token-id arrays, an empty input, more than
 ``max_inputs_per_request`` inputs, and an input over the context limit, whose message names
 the input as ``input[i]`` so a client can split the request and fail only that row.
 
-The broken-but-200 faults read: "malformed" a body cut mid-JSON, "no_choices" no ``data``
-(nor usage), "empty" an empty ``data`` list, "bad_structured" vectors of half the size.
-
 A responder that embeds (an ``embedding_models()`` list and ``embed(model, texts, dimensions)``
 returning a float32 matrix, as the embedded default's ``ClassicalResponder``) computes the
-vectors of its models instead; validation, usage and faults stay the server's.
+vectors of its models instead; validation and usage stay the server's.
 """
 
 from __future__ import annotations
@@ -30,11 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .protocol import Reject, Serving
-from .responders import responder_embedding_models
-from .state import tokens
-
-MALFORMED_BODY = b'{"object": "list", "data": [{"object": "embedding", "ind'
+from .protocol import Reject, Serving, tokens
+from .responder import responder_embedding_models
 
 
 def embedding_vectors(texts: list[str], dimensions: int, model_dimensions: int) -> np.ndarray:
@@ -69,21 +63,22 @@ class EmbeddingJob:
     #: The responder's vectors (little-endian float32 bytes per input), where it embeds.
     vectors: list[bytes] | None = None
 
-    malformed = MALFORMED_BODY
-
     @property
     def cost(self) -> int:
+        """The tokens the request costs: its inputs'."""
         return self.prompt_tokens
 
-    def render(self, serving: Serving, outcome: str = "ok") -> tuple[dict, dict | None]:
-        """The reply body for an outcome, and the usage counted for it (see `Generation`)."""
-        size = self.dimensions // 2 if outcome == "bad_structured" else self.dimensions
-        data = []
-        vectors = self.vectors
-        if vectors is None:
-            vectors = [row.tobytes() for row in
-                       embedding_vectors(self.inputs, self.dimensions, self.model_dimensions)]
-        for index, packed in enumerate(vectors):
+    def packed_vectors(self) -> list[bytes]:
+        """Each input's vector, as little-endian float32 bytes."""
+        if self.vectors is not None:
+            return self.vectors
+        return [row.tobytes() for row in
+                embedding_vectors(self.inputs, self.dimensions, self.model_dimensions)]
+
+    def render(self, serving: Serving) -> tuple[dict, dict | None]:
+        """The reply body and the usage counted for it (see `Generation`)."""
+        size, data = self.dimensions, []
+        for index, packed in enumerate(self.packed_vectors()):
             packed = packed[: 4 * size]
             vector = (base64.b64encode(packed).decode() if self.base64
                       else list(struct.unpack(f"<{size}f", packed)))
@@ -91,11 +86,6 @@ class EmbeddingJob:
         usage = serving.state.reported_usage(
             {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens})
         payload = {"object": "list", "data": data, "model": self.model, "usage": usage}
-        if outcome == "no_choices":  # like chat's: neither the vectors nor usage
-            del payload["data"], payload["usage"]
-            return payload, None
-        if outcome == "empty":
-            payload["data"] = []
         return payload, {"prompt_tokens": self.prompt_tokens, "inputs": len(self.inputs)}
 
 
@@ -143,8 +133,8 @@ def _inputs(raw: object, max_inputs: int) -> list[str]:
                      "invalid_value", "input")
     if not all(isinstance(item, str) for item in raw):
         if all(isinstance(item, (int, list)) for item in raw):
-            raise Reject(400, "token-id arrays are not supported by the simulated endpoint; "
-                              "send strings", "invalid_value", "input")
+            raise Reject(400, "token-id arrays are not supported by this server; send strings",
+                         "invalid_value", "input")
         raise Reject(400, "'input' must be a string or an array of strings", "invalid_value",
                      "input")
     if len(raw) > max_inputs:

@@ -4,7 +4,7 @@ A user message's ``content`` may be a list of parts: ``{"type": "text", "text": 
 ``{"type": "image_url", "image_url": {"url": ...}}``. A ``data:`` URI is decoded and checked
 (base64, one of `IMAGE_MIME_TYPES`, bytes that start like one of those formats, at most
 ``max_image_bytes``); anything else is a 400, as OpenAI answers. An ``http(s)://`` URL is not
-fetched (the simulator has no network): it is answered from the URL's SHA-256 and counted as
+fetched (the server reaches no network): it is answered from the URL's SHA-256 and counted as
 remote. The responder sees each image as a marker line, ``[image sha256:<12 hex>]`` (or
 ``[remote image sha256:<12 hex of the URL>]``), so a reply proves which image reached which
 request. Each image costs `IMAGE_TOKENS` prompt tokens on top of the text parts' tokens.
@@ -16,8 +16,6 @@ import base64
 import binascii
 import hashlib
 import re
-import struct
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,19 +119,3 @@ def looks_like_image(raw: bytes) -> bool:
     """Whether the bytes start like a PNG, JPEG, GIF or WebP file (what a real server decodes)."""
     return (raw.startswith((b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a"))
             or (raw[:4] == b"RIFF" and raw[8:12] == b"WEBP"))
-
-
-def png_bytes(width: int = 1, height: int = 1, rgb: tuple[int, int, int] = (0, 0, 0)) -> bytes:
-    """A valid solid-colour PNG, for tests that need real image bytes without an image library."""
-    def chunk(kind: bytes, payload: bytes) -> bytes:
-        return (struct.pack(">I", len(payload)) + kind + payload
-                + struct.pack(">I", zlib.crc32(kind + payload) & 0xFFFFFFFF))
-
-    row = b"\x00" + bytes(rgb) * width  # filter byte 0, then RGB pixels
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
-            + chunk(b"IDAT", zlib.compress(row * height)) + chunk(b"IEND", b""))
-
-
-def data_uri(raw: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64,{base64.b64encode(raw).decode()}"

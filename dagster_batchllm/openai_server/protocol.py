@@ -1,8 +1,9 @@
-"""OpenAI protocol pieces every API module of the simulated server shares.
+"""OpenAI protocol pieces every API module of the server shares.
 
 `Reject` is how request validation says "answer this status"; `error_body` is OpenAI's error
 envelope; `Serving` is what answering a model request needs (models, responder, state, ids),
-used alike by the online routes and by the batch runner, so both answer a body the same way.
+used alike by the online routes and by the simulator's batch runner, so both answer a body the
+same way; `tokens` is the server's token count.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Protocol
 
 from aiohttp import web
 
-from .responders import Responder
-from .state import SimState
+from .responder import Responder
+from .state import ServingState
 
 ERROR_TYPES = {
     400: "BadRequestError",
@@ -28,6 +29,11 @@ ERROR_TYPES = {
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
+
+
+def tokens(text: str) -> int:
+    """The server's token count: one token per 4 characters, rounded up."""
+    return (len(text) + 3) // 4
 
 
 class Reject(Exception):
@@ -45,7 +51,7 @@ class Reject(Exception):
 
 def error_body(status: int, message: str, code: str | int | None = None,
                param: str | None = None, error_type: str | None = None) -> dict:
-    """OpenAI's error envelope; ``code`` defaults to the status, as the simulator always did."""
+    """OpenAI's error envelope; ``code`` defaults to the status."""
     kind = error_type or ERROR_TYPES.get(status, "APIError")
     return {"error": {"message": message, "type": kind, "param": param,
                       "code": status if code is None else code}}
@@ -79,14 +85,13 @@ class Job(Protocol):
     """A validated model request (`chat.Generation`, `embeddings.EmbeddingJob`)."""
 
     body: dict
-    malformed: bytes  # what the "malformed" fault sends: a body cut mid-JSON
 
     @property
     def cost(self) -> int:
-        """Tokens charged to the rate-limit window."""
+        """The tokens the request costs: its prompt and its whole reply."""
 
-    def render(self, serving: Serving, outcome: str = "ok") -> tuple[dict, dict | None]:
-        """The reply body for an outcome and the usage counted for it (None: no usage)."""
+    def render(self, serving: Serving) -> tuple[dict, dict | None]:
+        """The reply body and the usage counted for it (None: no usage)."""
 
 
 @dataclass
@@ -96,7 +101,7 @@ class Serving:
     models: list[str]
     embedding_models: list[str]
     responder: Responder
-    state: SimState
+    state: ServingState
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def check_model(self, model: object, embeddings: bool) -> str:

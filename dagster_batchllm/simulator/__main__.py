@@ -10,71 +10,36 @@ does not show up in process listings).
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
 import os
-import signal
 import sys
 
-from .endpoint import API_KEY_ENV
-from .server import ServerSettings, serve, watch_parent
+from ..openai_server.cli import parser, settings_of
+from ..openai_server.server import run_in_foreground
+from .endpoint import SimulatedEndpoint
+from .server import SimApp
 from .state import BATCH_STAGES, SimState
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m dagster_batchllm.simulator",
-                                     description="Simulated OpenAI-compatible endpoint.")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    parser.add_argument("--latency-s", type=float, default=0.0)
-    parser.add_argument("--max-concurrency", type=int, default=256)
-    parser.add_argument("--models", default=None, help="comma-separated; default: the responder's")
-    parser.add_argument("--responder", default=None, help="module:attr (default: EchoResponder)")
-    parser.add_argument("--max-context-tokens", type=int, default=None)
-    parser.add_argument("--requests-per-minute", type=float, default=None)
-    parser.add_argument("--tokens-per-minute", type=float, default=None)
-    parser.add_argument("--rate-limit-window-s", type=float, default=60.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--embedding-models", default=None,
-                        help="comma-separated models served on /v1/embeddings (default: none)")
-    parser.add_argument("--embedding-dimensions", type=int, default=384)
-    parser.add_argument("--max-inputs-per-request", type=int, default=2048)
-    parser.add_argument("--no-embedding-base64", action="store_true",
-                        help='answer encoding_format="base64" with a 400')
-    parser.add_argument("--max-image-bytes", type=int, default=20 * 1024 * 1024)
-    parser.add_argument("--batch-stage-s", type=float, default=0.0,
-                        help="seconds a batch spends in each stage (negative: until advanced)")
-    parser.add_argument("--files-dir", default=None,
-                        help="where uploaded and batch files go (default: a temp dir)")
-    # Used by SimulatedEndpoint(process=True):
-    parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--state-from-stdin", action="store_true", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
-
-
-async def _run(args: argparse.Namespace, state: SimState) -> None:
-    settings = ServerSettings(
-        host=args.host, port=args.port, max_concurrency=args.max_concurrency,
-        models=args.models.split(",") if args.models else None,
-        api_key=os.environ.get(API_KEY_ENV) or None, responder=args.responder,
-        embedding_models=args.embedding_models.split(",") if args.embedding_models else None,
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if args.parent_pid:
-        loop.create_task(watch_parent(args.parent_pid, stop))
-
-    def on_ready(port: int) -> None:
-        print(f"http://{args.host}:{port}/v1", flush=True)
-
-    await serve(settings, state, on_ready, stop)
-
-
 def main(argv: list[str] | None = None) -> None:
-    args = _parse(argv)
+    flags = parser("python -m dagster_batchllm.simulator", "Simulated OpenAI-compatible endpoint.")
+    flags.set_defaults(responder=None)  # None: EchoResponder
+    flags.add_argument("--latency-s", type=float, default=0.0)
+    flags.add_argument("--max-context-tokens", type=int, default=None)
+    flags.add_argument("--requests-per-minute", type=float, default=None)
+    flags.add_argument("--tokens-per-minute", type=float, default=None)
+    flags.add_argument("--rate-limit-window-s", type=float, default=60.0)
+    flags.add_argument("--seed", type=int, default=0)
+    flags.add_argument("--embedding-dimensions", type=int, default=384)
+    flags.add_argument("--max-inputs-per-request", type=int, default=2048)
+    flags.add_argument("--no-embedding-base64", action="store_true",
+                       help='answer encoding_format="base64" with a 400')
+    flags.add_argument("--max-image-bytes", type=int, default=20 * 1024 * 1024)
+    flags.add_argument("--batch-stage-s", type=float, default=0.0,
+                       help="seconds a batch spends in each stage (negative: until advanced)")
+    flags.add_argument("--files-dir", default=None,
+                       help="where uploaded and batch files go (default: a temp dir)")
+    args = flags.parse_args(argv)
     if args.state_from_stdin:
         state = SimState.from_export(json.load(sys.stdin))
     else:
@@ -92,12 +57,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.files_dir:
             os.makedirs(args.files_dir, exist_ok=True)
             state.store.directory = args.files_dir
-    try:
-        import uvloop  # optional: a faster loop when the environment has it
-    except ImportError:
-        asyncio.run(_run(args, state))
-    else:
-        uvloop.run(_run(args, state))
+    app = SimApp(settings_of(args, SimulatedEndpoint.API_KEY_ENV), state)
+    run_in_foreground(app, args.parent_pid)
 
 
 if __name__ == "__main__":

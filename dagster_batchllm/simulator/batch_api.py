@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from ..openai_server.protocol import Reject, error_response
 from .batch_runner import ENDPOINTS, BatchRunner
 from .batch_store import BatchStore, public
-from .protocol import Reject, error_response
 from .state import SimState
 
 FILE_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")

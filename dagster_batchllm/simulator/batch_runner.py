@@ -25,12 +25,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..openai_server.chat import prepare_generation
+from ..openai_server.embeddings import prepare_embeddings
+from ..openai_server.protocol import Reject, Serving, error_body, responder_failure
+from ..openai_server.state import request_key
 from .batch_store import TERMINAL, BatchStore
-from .chat import prepare_generation
-from .embeddings import prepare_embeddings
 from .misbehaving import line_error_message, padded
-from .protocol import Reject, Serving, error_body, responder_failure
-from .state import request_key
 
 TICK_S = 0.02
 CHUNK_LINES = 500  # lines per step: the loop serves other requests between steps

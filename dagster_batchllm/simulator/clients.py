@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import subprocess
 import time
 from typing import Any
 
@@ -44,17 +43,6 @@ def wait_for_batch(client: Any, batch_id: str, *, timeout: float = 60.0,
         if time.monotonic() >= deadline:
             raise TimeoutError(f"batch {batch_id} still {batch.status} after {timeout} s")
         time.sleep(poll_s)
-
-
-def stop_process(proc: subprocess.Popen, *, timeout: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL if it has not exited within ``timeout``; always reaped."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def wait_until(predicate: Any, timeout_s: float, what: str, *, poll_s: float = 0.01) -> None:

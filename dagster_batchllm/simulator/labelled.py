@@ -51,7 +51,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .responders import EchoResponder, prompt_text, stable_hash
+from ..openai_server.responder import prompt_text
+from .responders import EchoResponder, stable_hash
 
 Truth = Callable[[str], "bool | str"]
 _TOKEN = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9]", re.DOTALL)

@@ -7,9 +7,9 @@ prefill of its longest run of leading blocks already there; the reply's
 ``usage.prompt_tokens_details.cached_tokens`` says how many tokens that was (OpenAI reports
 the same field).
 
-The simulator counts a token per 4 characters (``state.tokens``), so a block here is 64
-characters of the prompt laid out as a chat template would: each message's role, then its
-text (and its images' hashes), in order. A prompt's last character is never in a cached
+The server counts a token per 4 characters (``openai_server.protocol.tokens``), so a block
+here is 64 characters of the prompt laid out as a chat template would: each message's role,
+then its text (and its images' hashes), in order. A prompt's last character is never in a cached
 block: vLLM always computes at least the last token, to have logits to sample from.
 
 Lookups happen when a request arrives (as if its prefill ran at once), and every full block
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 BLOCK_TOKENS = 16  # vLLM's default block size
-CHARS_PER_TOKEN = 4  # as state.tokens counts
+CHARS_PER_TOKEN = 4  # as openai_server.protocol.tokens counts
 BLOCK_CHARS = BLOCK_TOKENS * CHARS_PER_TOKEN
 
 

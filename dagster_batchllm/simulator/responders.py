@@ -1,71 +1,18 @@
-"""Reply generators for the simulated endpoint.
-
-A responder turns a chat request into the assistant's text. The server does the rest
-(token counting, ``max_tokens`` cuts, fault injection), so a responder stays a pure,
-deterministic function that is easy to write for a test.
+"""Reply generators for the simulated endpoint (see `dagster_batchllm.openai_server.responder`
+for what a responder is): `EchoResponder`, the default, and `schema_instance`, a document that
+conforms to a JSON schema.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import importlib
 import json
-import re
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-_WHITESPACE = re.compile(r"\s+")
+from ..openai_server.responder import prompt_text
+
 _MAX_DEPTH = 32  # stops recursive $ref schemas from recursing forever
-
-
-@runtime_checkable
-class Responder(Protocol):
-    """Pluggable reply generator for `SimulatedEndpoint`.
-
-    ``params`` is the request body minus ``model`` and ``messages`` (``max_tokens``,
-    ``temperature``, ``response_format``, ...). Message contents arrive as plain text,
-    even when the client sent a list of content parts: text parts one per line, each image
-    part as its marker line ``[image sha256:<12 hex>]`` (see `dagster_batchllm.simulator.
-    images`). Return the assistant message content; for structured output, a JSON string.
-
-    Example::
-
-        class Upper:
-            def models(self) -> list[str]:
-                return ["upper"]
-
-            def respond(self, model, messages, params) -> str:
-                return messages[-1]["content"].upper()
-
-        with SimulatedEndpoint(responder=Upper()) as sim: ...
-    """
-
-    def models(self) -> list[str]: ...
-
-    def respond(self, model: str, messages: list[dict], params: dict) -> str: ...
-
-
-def content_text(content: Any) -> str:
-    """Message content as text; OpenAI also allows a list of parts, of which text parts count."""
-    if isinstance(content, str):
-        return content
-    if content is None:
-        return ""
-    if isinstance(content, list):
-        return "\n".join(
-            str(part.get("text", "")) if isinstance(part, dict) else str(part) for part in content
-        )
-    return str(content)
-
-
-def prompt_text(messages: list[dict]) -> str:
-    """The last user message (the last message if none is a user's), whitespace-collapsed."""
-    chosen: dict = messages[-1] if messages else {}
-    for message in reversed(messages):
-        if message.get("role") == "user":
-            chosen = message
-            break
-    return _WHITESPACE.sub(" ", content_text(chosen.get("content"))).strip()
 
 
 def stable_hash(text: str) -> int:
@@ -183,30 +130,6 @@ class EchoResponder:
         if kind == "json_object":
             return json.dumps({"text": text}, ensure_ascii=False)
         return "[sim] " + text
-
-
-def responder_embedding_models(responder: Responder | str | None) -> list[str]:
-    """The models a responder embeds with: what its ``embedding_models()`` lists, if it has
-    one (and an ``embed(model, texts, dimensions)`` method), else none."""
-    if responder is None:
-        return []
-    if isinstance(responder, str):
-        responder = load_responder(responder)
-    if not (callable(getattr(responder, "embed", None))
-            and callable(getattr(responder, "embedding_models", None))):
-        return []
-    return list(responder.embedding_models())
-
-
-def load_responder(spec: str) -> Responder:
-    """Import ``"module:attr"`` (attr may be dotted); a class is instantiated without arguments."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"responder must look like 'module:attr', got {spec!r}")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj() if isinstance(obj, type) else obj
 
 
 # A small structured-output schema (one enum field) for tests and examples.

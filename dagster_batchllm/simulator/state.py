@@ -1,4 +1,5 @@
-"""The simulated server's memory: settings, fault scripts, rate-limit windows and stats.
+"""The simulated server's memory: `SimState`, the server's `ServingState` (protocol limits and
+stats) plus settings, fault scripts, rate-limit windows, a prefix cache and batches.
 
 Plain Python with no event loop or aiohttp, so the controller can hold the same object
 while the server is stopped and hand it to the next server on restart.
@@ -6,13 +7,12 @@ while the server is stopped and hand it to the next server on restart.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 from collections import deque
 
+from ..openai_server.state import SERVING_CONFIG, ServingState
 from .batch_store import BatchStore
-from .prefix_cache import PrefixCache
+from .prefix_cache import PrefixCache, prompt_stream
 
 FAULT_RATES = {
     "error_rate_429": 429,
@@ -30,10 +30,10 @@ FAULT_RATES = {
 BATCH_STAGES = ("batch_validating_s", "batch_in_progress_s", "batch_finalizing_s",
                 "batch_cancelling_s")
 DEFAULT_CONFIG = {
+    **SERVING_CONFIG,
     "latency_s": 0.0,
     "retry_after_s": 1.0,
     "seed": 0,
-    "max_context_tokens": None,
     "requests_per_minute": None,
     "tokens_per_minute": None,
     "rate_limit_window_s": 60.0,
@@ -54,14 +54,7 @@ DEFAULT_CONFIG = {
     "reported_usage": None,
     "reported_usage_rate": 1.0,
     **dict.fromkeys(FAULT_RATES, 0.0),
-    # /v1/embeddings
-    "embedding_dimensions": 384,
-    "max_inputs_per_request": 2048,
-    "embedding_base64": True,
     "embedding_latency_s": None,  # None: latency_s
-    "embedding_max_context_tokens": None,  # None: max_context_tokens
-    # image parts of chat messages
-    "max_image_bytes": 20 * 1024 * 1024,
     # Files and Batches
     **dict.fromkeys(BATCH_STAGES, 0.0),
     "batch_line_error_rate": 0.0,
@@ -75,17 +68,6 @@ SPECIAL_OUTCOMES = ("ok", "drop", "malformed", "no_choices", "empty", "bad_struc
 # Which requests each script steers: model requests, Files/Batches calls, batch lines.
 SCRIPT_TARGETS = {"requests": SPECIAL_OUTCOMES, "batch_api": ("ok", "drop"),
                   "batch_lines": ("ok",)}
-
-
-def tokens(text: str) -> int:
-    """The simulator's token count: one token per 4 characters, rounded up."""
-    return (len(text) + 3) // 4
-
-
-def request_key(body: dict) -> str:
-    """The duplicate-detection key of a request body: a hash of its canonical JSON."""
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.blake2b(canonical.encode(), digest_size=12).hexdigest()
 
 
 def normalize_outcome(outcome: int | str, target: str = "requests") -> int | str:
@@ -120,93 +102,7 @@ def max_in_window(log: list, window_s: float, what: str = "requests") -> float:
     return best
 
 
-class Tally:
-    """Counters of one API: chat + completions, or embeddings.
-
-    ``log`` holds one [t_monotonic, status_or_outcome, prompt_tokens, completion_tokens
-    (embeddings: inputs)] row per request at arrival; ``answered`` the request keys of ok
-    answers, to count duplicates.
-    """
-
-    COUNTS = ("requests", "ok", "dropped", "stalled", "duplicates", "prompt_tokens",
-              "completion_tokens", "inputs")
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self) -> None:
-        for name in self.COUNTS:
-            setattr(self, name, 0)
-        self.by_status: dict[str, int] = {}
-        self.answered: set[str] = set()
-        self.log: list[list] = []
-
-    def count_status(self, status: int) -> None:
-        key = str(status)
-        self.by_status[key] = self.by_status.get(key, 0) + 1
-
-    def count_ok(self, body: dict) -> None:
-        self.ok += 1
-        key = request_key(body)
-        if key in self.answered:
-            self.duplicates += 1
-        else:
-            self.answered.add(key)
-
-    def as_dict(self, skip: tuple[str, ...] = (), with_log: bool = True) -> dict:
-        out = {name: getattr(self, name) for name in self.COUNTS if name not in skip}
-        out["by_status"] = dict(self.by_status)
-        if with_log:
-            out["log"] = [list(entry) for entry in self.log]
-        return out
-
-    def export(self) -> dict:
-        return {**self.as_dict(), "answered": sorted(self.answered)}
-
-    def load(self, data: dict) -> None:
-        for name in self.COUNTS:
-            setattr(self, name, data[name])
-        self.by_status = dict(data["by_status"])
-        self.answered = set(data["answered"])
-        self.log = [list(entry) for entry in data["log"]]
-
-
-class ImageTally:
-    """Images received in chat requests: totals, and one record per request that had any."""
-
-    COUNTS = ("requests", "images", "bytes", "remote", "rejected")
-
-    def __init__(self):
-        for name in self.COUNTS:
-            setattr(self, name, 0)
-        self.records: list[dict] = []
-
-    def record(self, entry: list, images: list, prompt: str) -> None:
-        """``entry`` is the request's log row: its status is read when stats are asked for."""
-        self.requests += 1
-        self.images += len(images)
-        self.bytes += sum(image.size for image in images)
-        self.remote += sum(1 for image in images if image.remote)
-        self.records.append({"entry": entry, "prompt": prompt[:200],
-                             "sha256": [image.sha256 for image in images],
-                             "bytes": sum(image.size for image in images),
-                             "remote": sum(1 for image in images if image.remote)})
-
-    def as_dict(self, with_log: bool = True) -> dict:
-        out = {name: getattr(self, name) for name in self.COUNTS}
-        if with_log:
-            out["log"] = [{"status": r["entry"][1], **{k: v for k, v in r.items() if k != "entry"}}
-                          for r in self.records]
-        return out
-
-    def load(self, data: dict) -> None:
-        for name in self.COUNTS:
-            setattr(self, name, data[name])
-        self.records = [{"entry": [0.0, r["status"], 0, 0],
-                         **{k: v for k, v in r.items() if k != "status"}} for r in data["log"]]
-
-
-class SimState:
+class SimState(ServingState):
     """Config, pending scripts, statistics and batch records of one simulated server.
 
     It is plain data (no event loop), exported and re-loaded as JSON so stats, the
@@ -214,21 +110,19 @@ class SimState:
     process mode. Batch file contents live on disk, in ``store.directory``.
     """
 
+    DEFAULTS = DEFAULT_CONFIG
+
     def __init__(self, config: dict | None = None):
-        self.config = dict(DEFAULT_CONFIG)
         self.scripts: dict[str, deque] = {target: deque() for target in SCRIPT_TARGETS}
         self.rng = random.Random(0)
         self.line_rng = random.Random(0)  # batch lines draw apart, so timing cannot reorder them
-        self.killed = False  # set by /_sim/kill: answer nothing more, like a dead server
         self._faults: list[tuple[float, int | str]] = []
         self._window_requests: deque = deque()
         self._window_tokens: deque = deque()
         self._window_token_sum = 0
-        self.in_flight = 0
         self.store = BatchStore()
         self.prefix_cache = PrefixCache()
-        self.configure(**(config or {}))
-        self.reset_stats()
+        super().__init__(config)
 
     @property
     def script(self) -> deque:
@@ -236,11 +130,7 @@ class SimState:
         return self.scripts["requests"]
 
     def configure(self, **changes) -> None:
-        unknown = set(changes) - set(DEFAULT_CONFIG)
-        if unknown:
-            raise ValueError(f"unknown setting(s) {sorted(unknown)}; "
-                             f"known: {sorted(DEFAULT_CONFIG)}")
-        self.config.update(changes)
+        super().configure(**changes)
         if "prefix_cache_tokens" in changes:
             self.prefix_cache.resize(self.config["prefix_cache_tokens"])
         if "seed" in changes:
@@ -263,6 +153,15 @@ class SimState:
         if rate < 1.0 and self.rng.random() >= rate:
             return counted
         return {**counted, **wrong}
+
+    def prefill(self, laid_out: list[tuple[str, str]], prompt_tokens: int
+                ) -> tuple[int | None, float]:
+        """The prompt tokens the prefix cache held (None without one) and the prefill latency
+        (``prefill_s_per_token`` per prompt token not cached)."""
+        cache = self.prefix_cache
+        cached = cache.serve(prompt_stream(laid_out), prompt_tokens) if cache.enabled else None
+        per_token = self.config["prefill_s_per_token"] or 0.0
+        return cached, per_token * (prompt_tokens - (cached or 0))
 
     def push_script(self, outcomes: list, target: str = "requests") -> None:
         if target not in SCRIPT_TARGETS:
@@ -293,8 +192,7 @@ class SimState:
         return "ok"
 
     def reset_stats(self) -> None:
-        self.chat, self.embeddings, self.images = Tally(), Tally(), ImageTally()
-        self.max_concurrent = self.in_flight
+        super().reset_stats()
         self.store.reset_stats()
         self.prefix_cache.reset_stats()
 
@@ -337,47 +235,48 @@ class SimState:
         return None
 
     def stats(self, with_log: bool = True) -> dict:
-        out = self.chat.as_dict(skip=("inputs",), with_log=False)
-        out.update(max_concurrent=self.max_concurrent, in_flight=self.in_flight,
-                   script_pending=len(self.script))
-        out["embeddings"] = self.embeddings.as_dict(skip=("completion_tokens",), with_log=with_log)
-        out["images"] = self.images.as_dict(with_log)
+        out = super().stats(with_log)
+        out["script_pending"] = len(self.script)
         out["prefix_cache"] = self.prefix_cache.stats()
         out["batches"] = {**self.store.stats(), "api_script_pending": len(self.scripts[
             "batch_api"]), "line_script_pending": len(self.scripts["batch_lines"])}
-        if with_log:
-            out["log"] = [list(entry) for entry in self.chat.log]
         return out
 
     def export(self) -> dict:
         return {
-            "config": dict(self.config),
+            **super().export(),
             "scripts": {target: list(script) for target, script in self.scripts.items()},
             "rng": _rng_export(self.rng), "line_rng": _rng_export(self.line_rng),
-            "max_concurrent": self.max_concurrent,
-            "chat": self.chat.export(), "embeddings": self.embeddings.export(),
-            "images": self.images.as_dict(), "store": self.store.export(),
-            "prefix_cache": self.prefix_cache.export(),
+            "store": self.store.export(), "prefix_cache": self.prefix_cache.export(),
         }
 
-    @classmethod
-    def from_export(cls, data: dict) -> SimState:
-        state = cls()
-        state.load(data)
-        return state
-
     def load(self, data: dict) -> None:
-        self.configure(**data["config"])
+        super().load(data)
         self.scripts = {target: deque(data["scripts"].get(target, ()))
                         for target in SCRIPT_TARGETS}
         _rng_load(self.rng, data["rng"])
         _rng_load(self.line_rng, data["line_rng"])
-        self.max_concurrent = data["max_concurrent"]
-        self.chat.load(data["chat"])
-        self.embeddings.load(data["embeddings"])
-        self.images.load(data["images"])
         self.store.load(data["store"])
         self.prefix_cache.load(data.get("prefix_cache", {}))
+
+    def control(self, name: str, payload: dict) -> dict:
+        """Apply one admin command; the /_sim/ routes and a stopped controller both use this."""
+        if name == "script":
+            target = payload.get("target", "requests")
+            self.push_script(list(payload["outcomes"]), target)
+            return {"script_pending": len(self.scripts[target])}
+        if name == "max_in_window":
+            what = payload.get("what", "requests")
+            return {"value": max_in_window(self.log, float(payload["window_s"]), what)}
+        if name == "batches":
+            return {"data": self.store.list_batches()}
+        if name == "files":
+            return {"data": self.store.list_files()}
+        if name == "kill":
+            self.prefix_cache.clear()  # a dead server's GPU memory is gone
+        if name in SERVER_COMMANDS:
+            raise ValueError(f"{name} needs a running server")
+        return super().control(name, payload)
 
 
 def _rng_export(rng: random.Random) -> list:
@@ -392,35 +291,3 @@ def _rng_load(rng: random.Random, data: list) -> None:
 
 # Admin commands that need the running server's event loop (they process batch lines).
 SERVER_COMMANDS = ("advance_batches", "expire_batches", "settle_batches")
-
-
-def control(state: SimState, name: str, payload: dict) -> dict:
-    """Apply one admin command; the /_sim/ routes and a stopped controller both use this."""
-    if name == "stats":
-        return state.stats(with_log=payload.get("log", True) not in (False, "0", "false"))
-    if name == "script":
-        target = payload.get("target", "requests")
-        state.push_script(list(payload["outcomes"]), target)
-        return {"script_pending": len(state.scripts[target])}
-    if name == "configure":
-        state.configure(**payload)
-        return dict(state.config)
-    if name == "reset_stats":
-        state.reset_stats()
-        return {}
-    if name == "max_in_window":
-        what = payload.get("what", "requests")
-        return {"value": max_in_window(state.log, float(payload["window_s"]), what)}
-    if name == "batches":
-        return {"data": state.store.list_batches()}
-    if name == "files":
-        return {"data": state.store.list_files()}
-    if name == "kill":
-        state.killed = True
-        state.prefix_cache.clear()  # a dead server's GPU memory is gone
-        return state.export() if payload.get("export", True) else {}
-    if name == "health":
-        return {"ok": True}
-    if name in SERVER_COMMANDS:
-        raise ValueError(f"{name} needs a running server")
-    raise KeyError(f"unknown admin command {name!r}")

@@ -36,8 +36,8 @@ Databricks documents for the first two), not a failed query.
 
 Databricks SQL runs as written with ``execute(con, query, dialect="databricks")``: sqlglot
 translates it for the engine, and what cannot be translated faithfully is refused before anything
-is sent (see :mod:`.dialects`). :mod:`.documented` holds Databricks' documented examples, which
-``bench/sql_compat.py`` runs on every engine.
+is sent (see :mod:`.dialects`). :mod:`dagster_batchllm.testing.databricks.documented` holds
+Databricks' documented examples, which ``bench/sql_compat.py`` runs on every engine.
 """
 
 from ..ai_functions.catalogue import FUNCTIONS

@@ -17,7 +17,7 @@ import ctypes
 import io
 from collections.abc import Sequence
 
-from .pdf import _PDFIUM_LOCK
+from ..documents.pdf import _PDFIUM_LOCK
 
 LETTER = (612.0, 792.0)  # points
 MARGIN = 72.0

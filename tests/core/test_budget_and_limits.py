@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm.core.client import InferenceClient
-from dagster_batchllm.simulator.state import tokens
+from dagster_batchllm.openai_server.protocol import tokens
 from dagster_batchllm.testing import SimulatedEndpoint, run_on_threads
 
 MODEL = "sim-model"

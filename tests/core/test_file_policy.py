@@ -23,8 +23,8 @@ from dagster_batchllm.core.file_policy import FilePolicy, policy_in_force, under
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
 from dagster_batchllm.core.tasks.chat.images import image_parts
 from dagster_batchllm.documents import DocumentError, parse_document
-from dagster_batchllm.documents.samples import text_pdf
 from dagster_batchllm.testing import png_bytes
+from tests.documents.samples import text_pdf
 
 MODEL = "sim-model"
 PAGE = png_bytes(3, 2, (10, 20, 30))

@@ -16,7 +16,7 @@ from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.delivery.transport import openai_http_library
 from dagster_batchllm.core.tasks.chat.call import InferenceCall
 from dagster_batchllm.core.tasks.chat.rendering import iter_row_requests
-from dagster_batchllm.simulator.state import tokens
+from dagster_batchllm.openai_server.protocol import tokens
 from dagster_batchllm.testing import SimulatedEndpoint
 
 MODEL = "sim-model"

@@ -111,8 +111,8 @@ def test_on_a_vision_endpoint_the_scan_sends_its_page_image(run_pipeline, tmp_pa
 
 def test_an_unreadable_pdf_is_its_own_row_with_the_reason(tmp_path):
     from assets.documents import invoice_documents, invoice_pages
-    from dagster_batchllm.documents.samples import encrypted_pdf
-    from dagster_batchllm.documents.writer import write_text_pdf
+    from dagster_batchllm.testing.pdf_writer import write_text_pdf
+    from tests.documents.samples import encrypted_pdf
 
     (tmp_path / "good.pdf").write_bytes(write_text_pdf([["Invoice number: INV-9"]]))
     (tmp_path / "locked.pdf").write_bytes(encrypted_pdf())

@@ -1,4 +1,4 @@
-"""Small, real PDFs written by hand, for tests, examples and benchmarks (no PDF library needed).
+"""Small, real PDFs written by hand, for the tests (no PDF library needed).
 
 ``text_pdf(["page one", "page two"])`` has a text layer (Helvetica, one line per page);
 ``scanned_pdf()`` has one page that is only an image (what a scanner makes: no text layer);

@@ -10,7 +10,7 @@ import pytest
 
 from dagster_batchllm.core.tasks.chat.images import image_size
 from dagster_batchllm.documents import DocumentError, Page, encode_png, parse_document
-from dagster_batchllm.documents.samples import encrypted_pdf, scanned_pdf, text_pdf
+from tests.documents.samples import encrypted_pdf, scanned_pdf, text_pdf
 
 PAGES = ["Invoice 1042 from ACME GmbH", "Total due: 199.00 EUR", "Thank you (and goodbye)"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dagster_batchllm.documents import parse_document
-from dagster_batchllm.documents.writer import write_scanned_pdf, write_text_pdf
+from dagster_batchllm.testing.pdf_writer import write_scanned_pdf, write_text_pdf
 
 
 def test_text_pages_read_back_line_by_line():

@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm.documents import parse_document
-from dagster_batchllm.documents.samples import scanned_pdf, text_pdf
 from dagster_batchllm.managed.classical import ClassicalResponder, start_local_endpoint
 from dagster_batchllm.sql import register_ai_functions
 from dagster_batchllm.testing import png_bytes
+from tests.documents.samples import scanned_pdf, text_pdf
 
 COMPLAINT = ("Customer: I am really angry, the blender arrived cracked and I want a refund. "
              "Agent: I am sorry, I have processed the refund of $49.99 today.")

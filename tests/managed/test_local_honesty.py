@@ -1,7 +1,8 @@
 """The embedded default is honest: what it cannot do is refused, what it does is classical.
 
 Requests are the ones the AI functions really send: through DuckDB's ``ai_*`` functions and
-the client, to the embedded endpoint (the classical models behind the simulated server).
+the client, to the embedded endpoint (the classical models behind the package's OpenAI-protocol
+server, dagster_batchllm.openai_server).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from dagster_batchllm.simulator.state import tokens
+from dagster_batchllm.openai_server.protocol import tokens
 from dagster_batchllm.testing import SimulatedEndpoint, openai_client, post_json
 
 EMBED = "sim-embed"

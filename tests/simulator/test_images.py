@@ -11,8 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from dagster_batchllm.simulator.images import IMAGE_TOKENS, data_uri, png_bytes
-from dagster_batchllm.simulator.state import tokens
+from dagster_batchllm.openai_server.images import IMAGE_TOKENS
+from dagster_batchllm.openai_server.protocol import tokens
+from dagster_batchllm.simulator.images import data_uri, png_bytes
 from dagster_batchllm.testing import SimulatedEndpoint, openai_client, post_json
 
 MODEL = "sim-model"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from dagster_batchllm.sql import execute
-from dagster_batchllm.sql.compat import transcripts_frame
-from dagster_batchllm.sql.examples import (
+from dagster_batchllm.testing.databricks.compat import transcripts_frame
+from dagster_batchllm.testing.databricks.examples import (
     CALL_CENTER_PIPELINE,
     CALL_CENTER_PIPELINE_FAIL_ON_ERROR,
 )

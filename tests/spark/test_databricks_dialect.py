@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm.sql import execute, translate
-from dagster_batchllm.sql.examples import CALL_CENTER_PIPELINE
+from dagster_batchllm.testing.databricks.examples import CALL_CENTER_PIPELINE
 
 pytestmark = pytest.mark.spark
 

@@ -1,4 +1,5 @@
-"""Databricks' documented examples (dagster_batchllm.sql.documented) in Spark SQL, as written.
+"""Databricks' documented examples (dagster_batchllm.testing.databricks.documented) in Spark
+SQL, as written.
 
 The Spark side of tests/sql/test_documented_examples.py: Spark parses Databricks SQL itself, so
 what differs here is what open-source Spark lacks and the result types this project's Spark
@@ -12,10 +13,10 @@ import importlib.util
 import pytest
 
 from dagster_batchllm.spark import register_ai_functions
-from dagster_batchllm.spark.compat import run_on_spark
-from dagster_batchllm.sql.compat import sample_frames
-from dagster_batchllm.sql.documented import EXAMPLES, SERVED_MODELS
 from dagster_batchllm.testing import SimulatedEndpoint
+from dagster_batchllm.testing.databricks.compat import sample_frames
+from dagster_batchllm.testing.databricks.documented import EXAMPLES, SERVED_MODELS
+from dagster_batchllm.testing.databricks.spark_compat import run_on_spark
 
 pytestmark = pytest.mark.spark
 

@@ -10,9 +10,9 @@ import os
 import pandas as pd
 import pytest
 
-from dagster_batchllm.documents.samples import text_pdf
 from dagster_batchllm.spark import ai_query_col, register_ai_functions
 from dagster_batchllm.testing import png_bytes
+from tests.documents.samples import text_pdf
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(120)]
 

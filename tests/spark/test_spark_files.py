@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm.ai_functions.documents import PAGE_SEPARATOR
-from dagster_batchllm.documents.samples import encrypted_pdf, scanned_pdf, text_pdf
 from dagster_batchllm.spark import ai_query_col, register_ai_functions
 from dagster_batchllm.testing import png_bytes
+from tests.documents.samples import encrypted_pdf, scanned_pdf, text_pdf
 
 pytestmark = pytest.mark.spark
 

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm.spark import register_ai_functions
-from dagster_batchllm.sql.examples import CALL_CENTER_PIPELINE
 from dagster_batchllm.testing import SimulatedEndpoint
+from dagster_batchllm.testing.databricks.examples import CALL_CENTER_PIPELINE
 
 pytestmark = pytest.mark.spark
 

@@ -1,5 +1,5 @@
-"""Databricks' documented examples (dagster_batchllm.sql.documented) on DuckDB and SQLite, as
-written: which run with the documented result types, and why the others do not.
+"""Databricks' documented examples (dagster_batchllm.testing.databricks.documented) on DuckDB and
+SQLite, as written: which run with the documented result types, and why the others do not.
 
 ``bench/sql_compat.py`` prints the same runs as a table; tests/spark/ has the Spark SQL side.
 """
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from dagster_batchllm.sql.compat import (
+from dagster_batchllm.testing import SimulatedEndpoint
+from dagster_batchllm.testing.databricks.compat import (
     run_on_duckdb,
     run_on_sqlite,
     sample_frames,
     transcripts_frame,
 )
-from dagster_batchllm.sql.documented import EXAMPLES, SERVED_MODELS
-from dagster_batchllm.testing import SimulatedEndpoint
+from dagster_batchllm.testing.databricks.documented import EXAMPLES, SERVED_MODELS
 
 DATASET = Path(__file__).resolve().parents[2] / "assets" / "data" / "call_center_transcripts.csv.gz"
 

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from dagster_batchllm.sql import FUNCTIONS, AIQueryError, register_ai_functions
-from dagster_batchllm.sql.examples import CALL_CENTER_PIPELINE
 from dagster_batchllm.testing import EchoResponder, SimulatedEndpoint
+from dagster_batchllm.testing.databricks.examples import CALL_CENTER_PIPELINE
 
 DATASET = Path(__file__).resolve().parents[2] / "assets" / "data" / "call_center_transcripts.csv.gz"
 
@@ -25,9 +25,10 @@ def _edited(query: str, *edits: tuple[str, str]) -> str:
     return query
 
 
-# The Databricks example (dagster_batchllm.sql.examples) written by hand in DuckDB's dialect, no
-# translation: regexp_replace needs 'g' to replace every match, '\s' is written without Spark's
-# doubled backslash (issue 8 translates); it asks the simulated model, its rows in call_id order.
+# The Databricks example (dagster_batchllm.testing.databricks.examples) written by hand in DuckDB's
+# dialect, no translation: regexp_replace needs 'g' to replace every match, '\s' is written
+# without Spark's doubled backslash (issue 8 translates); it asks the simulated model, its rows in
+# call_id order.
 DATABRICKS_PIPELINE = _edited(
     CALL_CENTER_PIPELINE,
     (r"regexp_replace(transcript_raw_text, '[^a-zA-Z\\s]', '')",

@@ -13,9 +13,9 @@ import sqlite3
 import duckdb
 import pytest
 
-from dagster_batchllm.documents.samples import text_pdf
 from dagster_batchllm.sql import execute, register_ai_functions
 from dagster_batchllm.testing import png_bytes
+from tests.documents.samples import text_pdf
 
 pytestmark = pytest.mark.timeout(60)
 

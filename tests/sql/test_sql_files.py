@@ -18,7 +18,6 @@ import pytest
 
 from dagster_batchllm.ai_functions.documents import PAGE_SEPARATOR
 from dagster_batchllm.core.errors import InferenceConfigError
-from dagster_batchllm.documents.samples import encrypted_pdf, text_pdf
 from dagster_batchllm.sql import (
     AIQueryError,
     TranslationError,
@@ -27,6 +26,7 @@ from dagster_batchllm.sql import (
     sqlite_engine,
 )
 from dagster_batchllm.testing import png_bytes
+from tests.documents.samples import encrypted_pdf, text_pdf
 
 IMAGES = [png_bytes(2 + i, 2, (40 * i, 0, 0)) for i in range(3)]
 

@@ -117,7 +117,7 @@ def test_the_seeds_plain_request_goes_to_the_models_only_input(tmp_path):
 def test_the_documented_struct_request_reaches_the_custom_model(mlflow_registry, qa_bot_models,
                                                                 tmp_path):
     from dagster_batchllm.simulator.mlflow_pyfunc import QA_PASSAGES
-    from dagster_batchllm.sql.documented import EXAMPLES
+    from dagster_batchllm.testing.databricks.documented import EXAMPLES
 
     example = next(e for e in EXAMPLES if e.name == "ai_query: a STRUCT request")
     settings = InferenceSettings(endpoints=(), store_url=f"sqlite:///{tmp_path / 'l.db'}",

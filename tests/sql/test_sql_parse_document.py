@@ -7,8 +7,8 @@ import duckdb
 import pytest
 
 from dagster_batchllm.ai_functions.documents import PAGE_SEPARATOR
-from dagster_batchllm.documents.samples import encrypted_pdf, scanned_pdf, text_pdf
 from dagster_batchllm.sql import register_ai_functions
+from tests.documents.samples import encrypted_pdf, scanned_pdf, text_pdf
 
 PAGES = ["Invoice 7 from Initech", "Amount: 12.50 USD"]
 

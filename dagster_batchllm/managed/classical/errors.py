@@ -1,8 +1,9 @@
 """Requests the embedded classical models refuse, as the OpenAI error the server answers.
 
 A refusal is final: the same request would be refused again, so each is a 4xx status, which
-the client does not retry.  The simulated server turns an exception that carries a 4xx
-``status_code`` into ``{"error": {"message": str(exc), "type": error_type, "code": code}}``.
+the client does not retry.  The server (:mod:`dagster_batchllm.openai_server`) turns an
+exception that carries a 4xx ``status_code`` into ``{"error": {"message": str(exc), "type":
+error_type, "code": code}}``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``ClassicalResponder``: "traditional AI" models behind the OpenAI chat protocol.
 
 The example pipeline's default endpoint cannot ship an instruction-tuned LLM, so it serves
-these instead (through ``dagster_batchllm.simulator.SimulatedEndpoint``):
+these instead (through ``dagster_batchllm.openai_server.ServedEndpoint``):
 
 ``local-summarizer``
     extractive summary of the input; honours "in at most N words" (default 40 words).
@@ -76,7 +76,7 @@ ALIAS = "local"
 EMBEDDER = embedder.MODEL_NAME
 LOCAL_MODELS: tuple[str, ...] = (SUMMARIZER, CLASSIFIER)
 EMBEDDING_MODELS: tuple[str, ...] = (EMBEDDER,)
-# How the simulated server shows the responder an image part (simulator/images.py ImagePart.marker):
+# How the server shows the responder an image part (openai_server/images.py ImagePart.marker):
 # the pixels never reach a responder, so an image is a line like this in the user message.
 _IMAGE_MARKER = re.compile(r"^\[(?:remote )?image sha256:[0-9a-f]{12}\]$", re.M)
 IMAGE_REFUSAL = ("read images: an image has no text layer for a classical model to work on, "
@@ -105,7 +105,7 @@ def _schema_of(response_format: object) -> dict | None:
 
 
 class ClassicalResponder:
-    """Responder (``models()`` / ``respond()``) for ``SimulatedEndpoint``, plus embeddings
+    """Responder (``models()`` / ``respond()``) for ``ServedEndpoint``, plus embeddings
     (``embedding_models()`` / ``embed()``) for an embeddings route.
 
     ``respond`` raises :class:`UnsupportedTask` (a :class:`~.errors.RequestRefused`, with

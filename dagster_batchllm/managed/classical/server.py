@@ -1,4 +1,5 @@
-"""Start the embedded default endpoint: ``ClassicalResponder`` behind the simulated server."""
+"""Start the embedded default endpoint: ``ClassicalResponder`` behind the package's OpenAI-protocol
+server (:mod:`dagster_batchllm.openai_server`)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,20 @@ from typing import TYPE_CHECKING
 from dagster_batchllm.managed.classical.models import ALIAS, LOCAL_MODELS
 
 if TYPE_CHECKING:
-    from dagster_batchllm.testing import SimulatedEndpoint
+    from dagster_batchllm.openai_server import ServedEndpoint
 
 RESPONDER_SPEC = "dagster_batchllm.managed.classical.models:ClassicalResponder"
 
 
 def start_local_endpoint(port: int = 0, process: bool = True, host: str = "127.0.0.1",
-                         **options) -> SimulatedEndpoint:
+                         **options) -> ServedEndpoint:
     """Start and return an OpenAI-compatible endpoint serving the local classical models.
 
     ``process=True`` (the default) runs the server in a subprocess so the models' CPU work
     does not compete with the caller's GIL; ``process=False`` runs it on a thread.  Extra
-    keyword arguments (``latency_s``, ``max_concurrency``, ...) go to ``SimulatedEndpoint``.
-    Call ``.stop()`` on the result (or use it as a context manager) when done.
+    keyword arguments (``max_concurrency``, ``max_context_tokens``, ...) go to
+    ``ServedEndpoint``. Call ``.stop()`` on the result (or use it as a context manager) when
+    done.
 
     Example::
 
@@ -28,8 +30,8 @@ def start_local_endpoint(port: int = 0, process: bool = True, host: str = "127.0
         client.chat.completions.create(model="local-summarizer", messages=[...])
         endpoint.stop()
     """
-    # Imported here: the testing package (aiohttp server) is only needed when serving.
-    from dagster_batchllm.testing import SimulatedEndpoint
+    # Imported here: the server (aiohttp) is only needed when serving.
+    from dagster_batchllm.openai_server import ServedEndpoint
 
     if process:
         responder: object = RESPONDER_SPEC  # the subprocess imports and builds its own
@@ -37,6 +39,6 @@ def start_local_endpoint(port: int = 0, process: bool = True, host: str = "127.0
         from dagster_batchllm.managed.classical.models import ClassicalResponder
 
         responder = ClassicalResponder()
-    endpoint = SimulatedEndpoint(models=[*LOCAL_MODELS, ALIAS], host=host, port=port,
-                                 responder=responder, process=process, **options)
+    endpoint = ServedEndpoint(responder, models=[*LOCAL_MODELS, ALIAS], host=host, port=port,
+                              process=process, **options)
     return endpoint.start()

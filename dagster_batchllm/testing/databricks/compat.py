@@ -2,13 +2,13 @@
 
 Each run translates the example with ``execute(..., dialect="databricks")`` on a fresh
 connection holding the tables it reads, and compares the result types with the documented ones.
-``dagster_batchllm.spark.compat`` does the same in Spark SQL; ``bench/sql_compat.py`` prints the
-runs side by side and ``tests/sql/test_documented_examples.py`` keeps them from regressing.
+:mod:`.spark_compat` does the same in Spark SQL; ``bench/sql_compat.py`` prints the runs side
+by side and ``tests/sql/test_documented_examples.py`` keeps them from regressing.
 
 Example::
 
-    from dagster_batchllm.sql.compat import run_on_duckdb
-    from dagster_batchllm.sql.documented import EXAMPLES, SAMPLE_TABLES
+    from dagster_batchllm.testing.databricks.compat import run_on_duckdb
+    from dagster_batchllm.testing.databricks.documented import EXAMPLES, SAMPLE_TABLES
 
     run = run_on_duckdb(EXAMPLES[5], llm, sample_frames())  # llm: an InferenceClient
     run.as_documented, run.types  # True, {0: 'STRING'}
@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..ai_functions.types import SQLType, parse_type
+from ...ai_functions.types import SQLType, parse_type
 from .documented import SAMPLE_TABLES, DocumentedExample
 
 
@@ -67,7 +67,7 @@ def run_on_duckdb(example: DocumentedExample, llm: Any, tables: Mapping[str, Any
     """Run ``example`` on a fresh in-memory DuckDB connection holding ``tables``."""
     import duckdb
 
-    from .api import register_ai_functions
+    from ...sql.api import register_ai_functions
 
     with duckdb.connect() as con:
         for name in example.tables:
@@ -92,7 +92,7 @@ def run_on_sqlite(example: DocumentedExample, llm: Any, tables: Mapping[str, Any
     """
     import sqlite3
 
-    from .api import register_ai_functions
+    from ...sql.api import register_ai_functions
 
     con = sqlite3.connect(":memory:")
     try:
@@ -117,8 +117,8 @@ def run_on_sqlite(example: DocumentedExample, llm: Any, tables: Mapping[str, Any
 def _executed(example: DocumentedExample, engine: str, con: Any) -> Any:
     """The example's cursor on ``con`` (AI functions registered), or the failed run: a
     refused translation or the engine's own error is the finding."""
-    from .api import execute
-    from .dialects import TranslationError
+    from ...sql.api import execute
+    from ...sql.dialects import TranslationError
 
     try:
         return execute(con, example.sql, dialect="databricks")

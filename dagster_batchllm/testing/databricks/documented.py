@@ -10,7 +10,7 @@ the docs do not show: :data:`SAMPLE_TABLES` holds a few rows for each, written h
 
 Example::
 
-    >>> from dagster_batchllm.sql.documented import EXAMPLES
+    >>> from dagster_batchllm.testing.databricks.documented import EXAMPLES
     >>> example = next(e for e in EXAMPLES if e.name == "ai_classify: a literal")
     >>> example.result_types
     {0: 'STRING'}
@@ -71,7 +71,8 @@ _BATCH_AI_QUERY = ("Perform batch LLM inference using ai_query",
                    "https://learn.microsoft.com/azure/databricks/machine-learning/"
                    "foundation-models/fmapi-batch-inference")
 _BLOG = ("Databricks' announcement of batch LLM inference with ai_query (the call-center "
-         "example, shipped as dagster_batchllm.sql.examples.CALL_CENTER_PIPELINE)", "")
+         "example, shipped as dagster_batchllm.testing.databricks.examples.CALL_CENTER_PIPELINE)",
+         "")
 
 
 def _example(source: tuple[str, str], name: str, sql: str,

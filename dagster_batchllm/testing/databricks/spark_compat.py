@@ -1,5 +1,5 @@
 """Run Databricks' documented examples in Spark SQL as written (the Spark side of
-:mod:`dagster_batchllm.sql.compat`).
+:mod:`dagster_batchllm.testing.databricks.compat`).
 
 Spark parses Databricks SQL itself, so nothing is translated: each example runs through
 ``spark.sql`` over temporary views holding the tables it reads, after
@@ -9,9 +9,9 @@ example is reported as not run, its error saying so.
 
 Example::
 
-    from dagster_batchllm.spark.compat import run_on_spark
-    from dagster_batchllm.sql.compat import sample_frames
-    from dagster_batchllm.sql.documented import EXAMPLES
+    from dagster_batchllm.testing.databricks.compat import sample_frames
+    from dagster_batchllm.testing.databricks.documented import EXAMPLES
+    from dagster_batchllm.testing.databricks.spark_compat import run_on_spark
 
     run = run_on_spark(spark, EXAMPLES[5], sample_frames())  # after register_ai_functions
 """
@@ -22,8 +22,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..sql.compat import ExampleRun, compared_run, first_line
-from ..sql.documented import DocumentedExample
+from .compat import ExampleRun, compared_run, first_line
+from .documented import DocumentedExample
 
 
 def run_on_spark(spark: Any, example: DocumentedExample, tables: Mapping[str, Any]

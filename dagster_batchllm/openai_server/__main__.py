@@ -1,0 +1,5 @@
+"""``python -m dagster_batchllm.openai_server``: see :mod:`.cli`."""
+
+from .cli import main
+
+main()
