@@ -44,7 +44,7 @@ _LAZY = {
     "build_embedding_asset": "dagster_batchllm.factories.embedding",
     "EmbedCall": "dagster_batchllm.core.tasks.embed.call",
     "build_call_asset": "dagster_batchllm.factories.calls",
-    "Cascade": "dagster_batchllm.semantic.options",
+    "Cascade": "dagster_batchllm.ai_functions.cascade_options",
 }
 
 __all__ = [

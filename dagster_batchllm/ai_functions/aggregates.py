@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import InferenceConfigError
-from ..semantic.aggregate_prompts import SUMMARY_INSTRUCTION
+from .aggregate_prompts import SUMMARY_INSTRUCTION
 
 
 @dataclass(frozen=True)

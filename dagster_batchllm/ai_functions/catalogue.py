@@ -30,7 +30,6 @@ from functools import partial
 from typing import Any, TypeVar
 
 from ..core.errors import InferenceConfigError
-from ..semantic.options import Cascade
 from .calls import (
     BoundCall,
     as_bool,
@@ -43,6 +42,7 @@ from .calls import (
     result_struct,
     return_type,
 )
+from .cascade_options import Cascade
 from .schemas import read_return_type, return_type_format
 from .types import FLOAT, STRING, SQLType, struct
 

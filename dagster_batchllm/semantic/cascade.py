@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..ai_functions.calls import BoundCall, read_outcome
+from ..ai_functions.cascade_options import Cascade
 from ..core.results import InferenceStats
 from ..core.run.sync import run_sync
-from .options import Cascade
 from .scored import ScoredCall, ScoredReply, answer_confidence
 
 Outcome = tuple[Any, "str | None"]  # (value, "<error_type>: <reason>" or None)

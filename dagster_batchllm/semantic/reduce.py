@@ -29,11 +29,17 @@ from typing import Any
 
 import pandas as pd
 
+from ..ai_functions.aggregate_prompts import (
+    PARTIALS,
+    ROWS,
+    header_chars,
+    system_message,
+    user_message,
+)
+from ..ai_functions.chunking import cut_chunks, item_cost
 from ..core.errors import ContextLengthExceededError, InferenceConfigError
 from ..core.results import InferenceStats
 from ..core.tasks.chat.call import literal_template
-from .aggregate_prompts import PARTIALS, ROWS, header_chars, system_message, user_message
-from .chunking import cut_chunks, item_cost
 
 # When no endpoint serving the model says its context (Endpoint(max_context_tokens=...)) and
 # the call gives none (context_tokens=): a context every current chat model has.

@@ -1,7 +1,7 @@
 """Aggregate requests answered by the simulator, so that a test can count every row.
 
 The simulator is no LLM: to an aggregate request (the format of
-:mod:`dagster_batchllm.semantic.aggregate_prompts`) it replies with what it can check,
+:mod:`dagster_batchllm.ai_functions.aggregate_prompts`) it replies with what it can check,
 ``"Answer over <n> rows [digest <16 hex>]"``. At level 1, ``n`` is the rows in the request and
 the digest the sum (mod 2**64) of each row's :func:`row_digest` (a hash of its exact text); at
 a higher level, the sums over the partial answers it combines. So a group's final answer says
@@ -15,7 +15,7 @@ get the echo. Use it in thread mode: ``SimulatedEndpoint(responder=AggregatingRe
 
 Example::
 
-    >>> from dagster_batchllm.semantic.aggregate_prompts import ROWS, user_message
+    >>> from dagster_batchllm.ai_functions.aggregate_prompts import ROWS, user_message
     >>> reply = aggregate_reply([{"role": "user", "content": user_message(ROWS, ["a", "b"])}])
     >>> reply == f"Answer over 2 rows [digest {rows_digest(['a', 'b']):016x}]"
     True
@@ -27,7 +27,7 @@ import re
 import threading
 from collections import Counter
 
-from ..semantic.aggregate_prompts import ROWS, read_request
+from ..ai_functions.aggregate_prompts import ROWS, read_request
 from .responders import EchoResponder, stable_hash
 
 _MASK = (1 << 64) - 1

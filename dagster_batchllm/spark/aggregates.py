@@ -7,7 +7,7 @@ analyses the query: it checks the arguments (their number; the endpoint a consta
 served model) before any task starts, and hands the UDF a NULL endpoint where none is given
 (then the default model). So ``SELECT k, ai_agg(t, 'What do they ask for?') FROM v GROUP BY
 k`` works as on DuckDB, with the same answers for the same rows (the group's rows are ordered
-by content, not by arrival: see :mod:`dagster_batchllm.semantic.chunking`). The executors run
+by content, not by arrival: see :mod:`dagster_batchllm.ai_functions.chunking`). The executors run
 :mod:`.aggregate_worker` (no dagster). Every request asks for ``default_max_tokens``. Spark
 hands a pandas aggregate each group on its own, so groups are reduced one at a time per task,
 each group's levels concurrently.

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import random
 
-from dagster_batchllm.semantic.aggregate_prompts import PARTIALS, ROWS, read_request, user_message
-from dagster_batchllm.semantic.chunking import cut_chunks, item_cost
+from dagster_batchllm.ai_functions.aggregate_prompts import (
+    PARTIALS,
+    ROWS,
+    read_request,
+    user_message,
+)
+from dagster_batchllm.ai_functions.chunking import cut_chunks, item_cost
 
 
 def texts(n: int, seed: int = 1) -> list[str]:

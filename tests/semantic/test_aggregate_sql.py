@@ -10,9 +10,9 @@ import duckdb
 import pandas as pd
 import pytest
 
+from dagster_batchllm.ai_functions.aggregate_prompts import SUMMARY_INSTRUCTION
 from dagster_batchllm.ai_functions.outcomes import AIQueryError
 from dagster_batchllm.core.errors import InferenceConfigError
-from dagster_batchllm.semantic.aggregate_prompts import SUMMARY_INSTRUCTION
 from dagster_batchllm.simulator.aggregation import answer_text, rows_digest
 from dagster_batchllm.sql import execute, register_ai_functions
 from tests.semantic.aggregate_helpers import CONTEXT, aggregating_endpoint, complaints

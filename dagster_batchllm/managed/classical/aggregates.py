@@ -3,7 +3,7 @@ default: what a classical model can answer about a group of rows, and a refusal 
 
 An aggregate request carries its instruction in the system message and the group's rows (or,
 at a higher level, partial answers) one JSON string a line
-(:mod:`dagster_batchllm.semantic.aggregate_prompts`). A summary instruction
+(:mod:`dagster_batchllm.ai_functions.aggregate_prompts`). A summary instruction
 (``ai_summarize_agg``'s) gets an extractive summary of the items together, so partial
 summaries are summarized again at the next level; a sentiment instruction the overall
 sentiment. Any other instruction asks for an answer no classical method gives ("What do they
@@ -13,11 +13,11 @@ error saying a real model endpoint is needed.
 
 from __future__ import annotations
 
+from dagster_batchllm.ai_functions.aggregate_prompts import read_request
 from dagster_batchllm.managed.classical.classifier import TextContext
 from dagster_batchllm.managed.classical.errors import UnsupportedTask
 from dagster_batchllm.managed.classical.summarizer import DEFAULT_WORDS
 from dagster_batchllm.managed.classical.tasks import message_text, task_of, word_limit
-from dagster_batchllm.semantic.aggregate_prompts import read_request
 
 REFUSAL = ("answer an open instruction over a group of rows (ai_agg, llm.aggregate): a real "
            "model endpoint is needed; a summary (ai_summarize_agg) or the overall sentiment "
