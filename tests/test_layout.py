@@ -1,6 +1,7 @@
-"""The package's layers and shape, checked from its source: no import cycles, no Dagster or PySpark
-in the core, no product module importing the harness (``testing``, ``simulator``), no import of a
-module path that does not exist, and modules of a readable size.
+"""The package's layers and shape, checked from its source: no import cycles between modules or
+between folders (type-only imports included), a core whose layers import only downward, no Dagster
+or PySpark in the core, no product module importing the harness (``testing``, ``simulator``), no
+import of a module path that does not exist, and modules of a readable size.
 
 The imports are read statically (``ast``) from every module under ``dagster_batchllm/``, those
 inside functions included (a lazy import is still a dependency), those under
@@ -256,10 +257,85 @@ def _describe(chain: Iterable[Edge | str]) -> str:
     return "\n    ".join(str(step) for step in chain)
 
 
+# The core's layers, top to bottom: each imports only its own layer and those below it, type-only
+# imports included. The client drives batch passes, which drive runs; a run drives the job's task
+# and a delivery; both keep answers in the ledger; and every layer shares the leaf's plain types.
+CORE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("client", ("core", "core.client")),
+    ("batch orchestration", ("core.batch",)),
+    ("run", ("core.run",)),
+    ("tasks", ("core.tasks",)),
+    ("delivery", ("core.delivery",)),
+    ("ledger", ("core.ledger",)),
+    ("shared types", tuple(f"core.{name}" for name in (
+        "requests", "results", "errors", "error_kinds", "settings", "pricing", "usage",
+        "redaction", "file_policy"))),
+)
+
+
+def core_layer(module: str, package: str = PACKAGE,
+               layers: tuple[tuple[str, tuple[str, ...]], ...] = CORE_LAYERS) -> int | None:
+    """The index of the core layer ``module`` belongs to (None: not in the core, or in no
+    layer). A package prefix covers its submodules; ``core`` itself only its ``__init__``."""
+    for i, (_name, prefixes) in enumerate(layers):
+        for prefix in prefixes:
+            full = f"{package}.{prefix}"
+            if module == full or (prefix != "core" and module.startswith(full + ".")):
+                return i
+    return None
+
+
+def layer_violations(graph: ImportGraph, package: str = PACKAGE,
+                     layers: tuple[tuple[str, tuple[str, ...]], ...] = CORE_LAYERS
+                     ) -> list[str]:
+    """Core modules in no layer, and imports from a core layer up to a higher one."""
+    found = []
+    for module in sorted(graph.modules):
+        if not (module == f"{package}.core" or module.startswith(f"{package}.core.")):
+            continue
+        here = core_layer(module, package, layers)
+        if here is None:
+            found.append(f"{module} is in no core layer")
+            continue
+        for edge in graph.edges.get(module, []):
+            there = core_layer(edge.target, package, layers)
+            if there is not None and there < here:
+                found.append(f"{edge}: {layers[here][0]} imports {layers[there][0]}")
+    return found
+
+
+def folder_graph(graph: ImportGraph, package: str = PACKAGE,
+                 layers: tuple[tuple[str, tuple[str, ...]], ...] = CORE_LAYERS) -> ImportGraph:
+    """The import graph one level up: each top-level folder of the package is a node, and so
+    is each core layer (the core's root holds both the client and the shared types)."""
+    def node(module: str) -> str:
+        layer = core_layer(module, package, layers)
+        if layer is not None:
+            return f"{package}.core[{layers[layer][0]}]"
+        return ".".join(module.split(".")[:2])
+
+    folders = ImportGraph()
+    for module in graph.modules:
+        folders.modules.setdefault(node(module), graph.modules[module])
+    for module, edges in graph.edges.items():
+        for edge in edges:
+            source, target = node(module), node(edge.target)
+            known = folders.edges.setdefault(source, [])
+            if source != target and all(e.target != target for e in known):
+                known.append(Edge(source, target, edge.line))
+    return folders
+
+
 # -- the package -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def graph() -> ImportGraph:
     return build_graph(ROOT, PACKAGE)
+
+
+@pytest.fixture(scope="module")
+def typed_graph() -> ImportGraph:
+    """With the imports under ``if TYPE_CHECKING:``: what a reader and a type checker follow."""
+    return build_graph(ROOT, PACKAGE, type_checking=True)
 
 
 def test_the_graph_sees_the_package(graph):
@@ -274,9 +350,20 @@ def test_the_graph_sees_the_package(graph):
     assert f"{PACKAGE}.resource" not in graph.imports_of(PACKAGE)
 
 
-def test_no_import_cycles(graph):
-    cycles = import_cycles(graph)
+def test_no_import_cycles_not_even_for_type_checkers(typed_graph):
+    cycles = import_cycles(typed_graph)
     assert not cycles, "Import cycles among the package's modules:\n  " + "\n  ".join(
+        f"{', '.join(group)}; for example:\n    {_describe(cycle)}" for group, cycle in cycles)
+
+
+def test_the_core_layers_import_only_downward(typed_graph):
+    found = layer_violations(typed_graph)
+    assert not found, "Core imports against its layers:\n  " + "\n  ".join(found)
+
+
+def test_no_import_cycles_between_folders(typed_graph):
+    cycles = import_cycles(folder_graph(typed_graph))
+    assert not cycles, "Folders that import each other:\n  " + "\n  ".join(
         f"{', '.join(group)}; for example:\n    {_describe(cycle)}" for group, cycle in cycles)
 
 
@@ -400,3 +487,35 @@ def test_the_harness_check_finds_lazy_and_type_only_imports(tmp_path):
     # Without type_checking the graph holds what runs: the type-only import is not in it.
     assert [str(e) for e in harness_imports(build_graph(tmp_path, PACKAGE))] == [
         f"{PACKAGE}.managed.lazy -> {PACKAGE}.testing (line 2)"]
+
+
+def test_the_layer_and_folder_checks_find_upward_and_circular_imports(tmp_path):
+    layers = (("client", ("core", "core.client")), ("run", ("core.run",)),
+              ("shared types", ("core.requests",)))
+    _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/core/__init__.py": "",
+        "pkg/core/client.py": "from .run import engine\n",
+        "pkg/core/run/__init__.py": "",
+        "pkg/core/run/engine.py": "from ..requests import Request\n",
+        # Only for type checkers, and still against the layers.
+        "pkg/core/requests.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                 "    from .run.engine import Engine\nclass Request: ...\n"),
+        "pkg/core/stray.py": "",
+        "pkg/ops/__init__.py": "",
+        "pkg/ops/filter.py": "from ..catalogue import functions\n",
+        "pkg/catalogue/__init__.py": "",
+        "pkg/catalogue/functions.py": "def later():\n    from ..ops import filter\n",
+    })
+    typed = build_graph(tmp_path, "pkg", type_checking=True)
+    assert layer_violations(typed, "pkg", layers) == [
+        "pkg.core.requests -> pkg.core.run.engine (line 3): shared types imports run",
+        "pkg.core.stray is in no core layer",
+    ]
+    assert layer_violations(build_graph(tmp_path, "pkg"), "pkg", layers) == [
+        "pkg.core.stray is in no core layer"]
+    folders = import_cycles(folder_graph(typed, "pkg", layers))
+    assert [group for group, _cycle in folders] == [
+        ["pkg.catalogue", "pkg.ops"],
+        ["pkg.core[run]", "pkg.core[shared types]"],
+    ]
