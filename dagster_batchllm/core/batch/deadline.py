@@ -39,6 +39,7 @@ import datetime as dt
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,27 +141,42 @@ def measured_latency_s(ledger: Any, book_lines: sa.Table, endpoint: str, model: 
 
 
 class DeadlineKeeper:
-    """The deadline of one batch-mode call: when to switch, and the figures it reports."""
+    """The deadline of one batch-mode call: when to switch, and the figures it reports.
 
-    def __init__(self, deadline: float, *, settings: Any, ledger: Any, book: BatchBook,
-                 model: str | None, max_tokens: int, tokens_per_request: float, wait: bool,
-                 scope: str, partition_key: str, log: Any = None):
+    Its policy reads the time only through ``clock`` (epoch seconds; ``time.time`` unless a
+    test gives its own) and the online endpoints' ``rate``; :meth:`measured` makes one with the
+    rate measured from the ledger."""
+
+    def __init__(self, deadline: float, rate: OnlineRate, *, book: BatchBook | None, wait: bool,
+                 scope: str = "", partition_key: str = "", log: Any = None,
+                 clock: Callable[[], float] = time.time):
         self.deadline = deadline
+        self.rate = rate
         self.book, self.scope, self.partition_key = book, scope, partition_key
         self.wait = wait
         self.log = log or logging.getLogger("dagster_batchllm")
-        models = [model] if model is not None else sorted(
-            {m for e in settings.endpoints if e.batch_api for m in e.models})
-        rates = [online_rate(settings, ledger, book.lines, m, max_tokens=max_tokens,
-                             tokens_per_request=tokens_per_request) for m in models]
-        # A model column: the slowest model's rate (its rows may be all of them).
-        self.rate = min(rates, key=lambda r: r.requests_per_s) if rates else OnlineRate(0.0)
+        self.clock = clock
         self.switched_at: float | None = None
         self.switch_planned: float | None = None
         self.online_rows = 0
         self.batch_rows = 0
         self.duplicate_rows = 0
         self.duplicate_cost_usd = 0.0
+
+    @classmethod
+    def measured(cls, deadline: float, *, settings: Any, ledger: Any, book: BatchBook,
+                 model: str | None, max_tokens: int, tokens_per_request: float, wait: bool,
+                 scope: str, partition_key: str, log: Any = None) -> DeadlineKeeper:
+        """The keeper of a call of ``model`` (None: a model column), its online rate measured
+        from the ledger's past answers (see :func:`online_rate`)."""
+        models = [model] if model is not None else sorted(
+            {m for e in settings.endpoints if e.batch_api for m in e.models})
+        rates = [online_rate(settings, ledger, book.lines, m, max_tokens=max_tokens,
+                             tokens_per_request=tokens_per_request) for m in models]
+        # A model column: the slowest model's rate (its rows may be all of them).
+        rate = min(rates, key=lambda r: r.requests_per_s) if rates else OnlineRate(0.0)
+        return cls(deadline, rate, book=book, wait=wait, scope=scope,
+                   partition_key=partition_key, log=log)
 
     def need_s(self, rows: int) -> float:
         """Seconds the online endpoints need for ``rows``, margins included."""
@@ -173,12 +189,12 @@ class DeadlineKeeper:
         return self.deadline - self.need_s(rows)
 
     def due(self, rows: int, now: float | None = None) -> bool:
-        return rows > 0 and (time.time() if now is None else now) >= self.switch_at(rows)
+        return rows > 0 and (self.clock() if now is None else now) >= self.switch_at(rows)
 
     def say_if_out_of_reach(self, rows: int) -> bool:
         """At the start: whether even the online endpoints cannot answer ``rows`` by the
         deadline (a WARNING with the figures, once)."""
-        left = self.deadline - time.time()
+        left = self.deadline - self.clock()
         bare = self.rate.seconds_for(rows)
         if rows and bare > left:
             self.log.warning(
@@ -194,6 +210,7 @@ class DeadlineKeeper:
         """With wait=False: when the partition's rows must go online, on its batches (the
         batch-collect sensor launches a run then)."""
         self.switch_planned = self.switch_at(rows)
+        assert self.book is not None, "a keeper without a book records no switch time"
         self.book.set_switch_at(self.scope, self.partition_key, self.switch_planned)
 
     def figures(self, *, finished_at: float, unanswered: int) -> dict[str, Any]:

@@ -188,7 +188,7 @@ class BatchModeCall:
             # Of the partition, also those a later collection found (see deadline.duplicates).
             keeper.duplicate_rows, keeper.duplicate_cost_usd = await asyncio.to_thread(
                 duplicates, self.book, self.settings, self.call.scope, self.call.partition_key)
-            s.deadline = keeper.figures(finished_at=time.time(), unanswered=s.deferred)
+            s.deadline = keeper.figures(finished_at=keeper.clock(), unanswered=s.deferred)
         return merged
 
     async def _pass(self, rows: Sequence[int], merged: _Merged,
@@ -391,9 +391,10 @@ async def deadline_keeper(call: BatchModeCall, deadline: float) -> DeadlineKeepe
             tokens_per_request = ((plan.input_tokens + plan.expected_output_tokens)
                                   / plan.requests_to_send)
     return await asyncio.to_thread(
-        DeadlineKeeper, deadline, settings=settings, ledger=call.client.ledger, book=call.book,
-        model=spec.model, max_tokens=max_tokens, tokens_per_request=tokens_per_request,
-        wait=call.wait, scope=spec.scope, partition_key=spec.partition_key, log=call.log)
+        DeadlineKeeper.measured, deadline, settings=settings, ledger=call.client.ledger,
+        book=call.book, model=spec.model, max_tokens=max_tokens,
+        tokens_per_request=tokens_per_request, wait=call.wait, scope=spec.scope,
+        partition_key=spec.partition_key, log=call.log)
 
 
 async def switch_to_online(call: BatchModeCall, rows: Sequence[int], merged: _Merged) -> None:
@@ -402,7 +403,7 @@ async def switch_to_online(call: BatchModeCall, rows: Sequence[int], merged: _Me
     keeper = call.deadline
     assert keeper is not None
     scope, partition_key = call.call.scope, call.call.partition_key
-    keeper.switched_at = time.time()
+    keeper.switched_at = keeper.clock()
     cancelled = await cancel_unfinished(call.book, call.protocols, scope, partition_key,
                                         call.log)
     if cancelled:
