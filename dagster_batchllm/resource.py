@@ -234,6 +234,10 @@ class BatchInferenceResource(dg.ConfigurableResource):
         version each model name resolved to)."""
         return self.client.predict(df, call, **_context_kwargs(context, call, kwargs))
 
+    async def apredict(self, df: Any, call: Any = None, /, *, context: Any = None,
+                       **kwargs: Any) -> Any:
+        return await self.client.apredict(df, call, **_context_kwargs(context, call, kwargs))
+
     def embed(self, df: Any, call: EmbedCall | None = None, /, *, context: Any = None,
               **kwargs: Any) -> InferenceResult:
         """One float32 vector (1-D numpy array) per row of ``df`` from a model of an
@@ -260,33 +264,39 @@ class BatchInferenceResource(dg.ConfigurableResource):
         Returns an :class:`~dagster_batchllm.semantic.aggregate.AggregateResult`."""
         return self.client.aggregate(df, **_context_kwargs(context, None, kwargs))
 
+    async def aaggregate(self, df: Any, /, *, context: Any = None, **kwargs: Any) -> Any:
+        return await self.client.aaggregate(df, **_context_kwargs(context, None, kwargs))
+
     def run_call(self, df: Any, call: Any, /, *, context: Any = None,
                  **kwargs: Any) -> InferenceResult:
         """Any job's ``call`` over ``df`` (a call whose task is registered, see
         :mod:`dagster_batchllm.core.tasks.base`); ``context=`` as for :meth:`infer`, and
         ``mode=``, ``wait=``, ``collect_keys=``, ``supersede_stale=`` as for ``infer``."""
-        merged = _context_kwargs(context, call, kwargs)
-        fields = {name: merged.pop(name) for name in ("partition_key", "scope") if name in merged}
-        return self.client.run_call(df, type(call).of(call, **fields), **merged)
+        call, merged = _call_in_context(call, context, kwargs)
+        return self.client.run_call(df, call, **merged)
 
-    def filter(self, df: Any, *, predicate: str, columns: list[str], model: str | None = None,
-               cascade: Any = None, context: Any = None, **kwargs: Any) -> Any:
-        """The rows of ``df`` that satisfy ``predicate`` (``ai_filter``'s requests), with a
-        reason for every NULL answer; ``cascade=Cascade(...)`` pays ``oracle`` only for the
-        rows ``proxy`` is unsure of. See :mod:`dagster_batchllm.semantic.filter`."""
-        from .semantic.filter import filter_rows
+    async def arun_call(self, df: Any, call: Any, /, *, context: Any = None,
+                        **kwargs: Any) -> InferenceResult:
+        call, merged = _call_in_context(call, context, kwargs)
+        return await self.client.arun_call(df, call, **merged)
 
-        return filter_rows(self.client, df, predicate=predicate, columns=columns, model=model,
-                           cascade=cascade, **_context_kwargs(context, None, kwargs))
+    def filter(self, df: Any, /, *, context: Any = None, **kwargs: Any) -> Any:
+        """The rows of ``df`` that satisfy ``predicate=`` over ``columns=`` (``ai_filter``'s
+        requests), with a reason for every NULL answer; ``model=``; ``cascade=Cascade(...)``
+        pays ``oracle`` only for the rows ``proxy`` is unsure of. ``context=`` as for
+        :meth:`infer`. See :mod:`dagster_batchllm.semantic.filter`."""
+        return self.client.filter(df, **_context_kwargs(context, None, kwargs))
 
-    def classify(self, df: Any, *, labels: list[str], column: str, model: str | None = None,
-                 cascade: Any = None, context: Any = None, **kwargs: Any) -> Any:
-        """Each row's label among ``labels`` (``ai_classify``'s requests), with a cascade as
-        for :meth:`filter`. See :mod:`dagster_batchllm.semantic.filter`."""
-        from .semantic.filter import classify_rows
+    async def afilter(self, df: Any, /, *, context: Any = None, **kwargs: Any) -> Any:
+        return await self.client.afilter(df, **_context_kwargs(context, None, kwargs))
 
-        return classify_rows(self.client, df, labels=labels, column=column, model=model,
-                             cascade=cascade, **_context_kwargs(context, None, kwargs))
+    def classify(self, df: Any, /, *, context: Any = None, **kwargs: Any) -> Any:
+        """Each row's label among ``labels=`` from ``column=`` (``ai_classify``'s requests),
+        with a cascade as for :meth:`filter`. See :mod:`dagster_batchllm.semantic.filter`."""
+        return self.client.classify(df, **_context_kwargs(context, None, kwargs))
+
+    async def aclassify(self, df: Any, /, *, context: Any = None, **kwargs: Any) -> Any:
+        return await self.client.aclassify(df, **_context_kwargs(context, None, kwargs))
 
     @property
     def ledger(self):
@@ -319,6 +329,14 @@ def _with_field_defaults(schema: ConfigField, values: dict[str, Any]) -> ConfigF
                              field_aliases=shape.field_aliases),
                        description=schema.description)
 
+
+def _call_in_context(call: Any, context: Any, kwargs: dict[str, Any]
+                     ) -> tuple[Any, dict[str, Any]]:
+    """``call`` with the context's partition and scope (they are the call's fields), and the
+    rest of the keywords for ``run_call``."""
+    merged = _context_kwargs(context, call, kwargs)
+    fields = {name: merged.pop(name) for name in ("partition_key", "scope") if name in merged}
+    return type(call).of(call, **fields), merged
 
 def _context_kwargs(context: Any, call: InferenceCall | EmbedCall | None,
                     kwargs: dict[str, Any]) -> dict[str, Any]:

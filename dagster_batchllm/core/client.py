@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from ..semantic.aggregate import aggregate_frame
+from ..semantic.filter import aclassify_rows, afilter_rows
 from .batch.mode import BatchModeCall, check_delivery, check_mode
 from .delivery.online import OnlineDelivery
 from .delivery.pool import EndpointPool
@@ -215,6 +216,25 @@ class InferenceClient:
         ``by=[...]``, ``model=``, ``max_tokens=`` ...), reduced level by level through
         :meth:`ainfer`: see :mod:`dagster_batchllm.semantic.aggregate`."""
         return await aggregate_frame(self, df, **kwargs)
+
+    def filter(self, df: Any, /, **kwargs: Any) -> Any:
+        """Sync door to :meth:`afilter`."""
+        return run_sync(self.afilter(df, **kwargs))
+
+    async def afilter(self, df: Any, /, **kwargs: Any) -> Any:
+        """The rows of ``df`` that satisfy ``predicate=`` over ``columns=`` (``ai_filter``'s
+        requests), a reason for every NULL answer; ``cascade=Cascade(...)`` pays the oracle
+        only for the rows the proxy is unsure of: see :mod:`dagster_batchllm.semantic.filter`."""
+        return await afilter_rows(self, df, **kwargs)
+
+    def classify(self, df: Any, /, **kwargs: Any) -> Any:
+        """Sync door to :meth:`aclassify`."""
+        return run_sync(self.aclassify(df, **kwargs))
+
+    async def aclassify(self, df: Any, /, **kwargs: Any) -> Any:
+        """Each row's label among ``labels=`` from ``column=`` (``ai_classify``'s requests),
+        with a cascade as for :meth:`afilter`."""
+        return await aclassify_rows(self, df, **kwargs)
 
     def estimate(self, df: Any, call: CallBase | None = None, /, task: str = "chat",
                  **call_fields: Any) -> InferenceEstimate:

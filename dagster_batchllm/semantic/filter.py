@@ -67,8 +67,16 @@ def filter_rows(client: Any, df: Any, *, predicate: str, columns: Sequence[str],
                 model: str | None = None, cascade: Cascade | None = None,
                 output_column: str = "passes", **where: Any) -> SemanticResult:
     """The rows of ``df`` that satisfy ``predicate`` (see the module)."""
+    return run_sync(afilter_rows(client, df, predicate=predicate, columns=columns, model=model,
+                                 cascade=cascade, output_column=output_column, **where))
+
+
+async def afilter_rows(client: Any, df: Any, *, predicate: str, columns: Sequence[str],
+                       model: str | None = None, cascade: Cascade | None = None,
+                       output_column: str = "passes", **where: Any) -> SemanticResult:
+    """:func:`filter_rows`, awaited."""
     bound = FUNCTIONS["ai_filter"].bind({"predicate": predicate, "cascade": cascade})
-    result = _answer(client, df, bound, FILTER, columns, model, output_column, where)
+    result = await _aanswer(client, df, bound, FILTER, columns, model, output_column, where)
     passed = result.table[output_column].eq(True).to_numpy()
     result.df = df.loc[passed]
     return result
@@ -78,13 +86,16 @@ def classify_rows(client: Any, df: Any, *, labels: Sequence[str], column: str,
                   model: str | None = None, cascade: Cascade | None = None,
                   output_column: str = "label", **where: Any) -> SemanticResult:
     """Each row's label among ``labels`` (see the module)."""
+    return run_sync(aclassify_rows(client, df, labels=labels, column=column, model=model,
+                                   cascade=cascade, output_column=output_column, **where))
+
+
+async def aclassify_rows(client: Any, df: Any, *, labels: Sequence[str], column: str,
+                         model: str | None = None, cascade: Cascade | None = None,
+                         output_column: str = "label", **where: Any) -> SemanticResult:
+    """:func:`classify_rows`, awaited."""
     bound = FUNCTIONS["ai_classify"].bind({"labels": list(labels), "cascade": cascade})
-    return _answer(client, df, bound, CLASSIFY, [column], model, output_column, where)
-
-
-def _answer(client: Any, df: Any, bound: BoundCall, kind: str, columns: Sequence[str],
-            model: str | None, output_column: str, where: dict[str, Any]) -> SemanticResult:
-    return run_sync(_aanswer(client, df, bound, kind, columns, model, output_column, where))
+    return await _aanswer(client, df, bound, CLASSIFY, [column], model, output_column, where)
 
 
 async def _aanswer(client: Any, df: Any, bound: BoundCall, kind: str, columns: Sequence[str],

@@ -150,3 +150,31 @@ def test_a_cascade_through_a_batch_api_sends_the_oracles_rows_as_batches(
     assert report.thresholds == online.cascade.thresholds
     assert report.proxy_cost_usd == pytest.approx(online.cascade.proxy_cost_usd)
     assert report.oracle_cost_usd == pytest.approx(online.cascade.oracle_cost_usd / 2)
+
+
+def test_the_client_filters_and_classifies_as_the_resource_does(labelled_sim, make_client):
+    """The client has the resource's verbs (the resource passes them through): the same rows
+    kept, the same labels, and answers shared through the ledger."""
+    client = make_client(labelled_sim)
+    df = pd.DataFrame({"body": ["I want a refund now", "When do you open?", "refund please"]})
+    kept = client.filter(df, predicate=PREDICATE, columns=["body"], model=ORACLE)
+    assert set(kept.df.index) == {0, 2}
+    labelled = client.classify(df, labels=LABELS, column="body", model=ORACLE)
+    assert labelled.df["label"].tolist() == [TRUTH(t) for t in df["body"]]
+    sent = labelled_sim.stats()["requests"]
+    client.filter(df, predicate=PREDICATE, columns=["body"], model=ORACLE)
+    assert labelled_sim.stats()["requests"] == sent  # a rerun is answered by the ledger
+
+
+def test_the_client_and_the_resource_offer_the_same_verbs():
+    from dagster_batchllm import BatchInferenceResource, InferenceClient
+
+    def verbs(cls: type) -> set[str]:
+        return {name for name, value in vars(cls).items()
+                if callable(value) and not name.startswith("_")}
+
+    dagster_lifecycle = {"setup_for_execution", "teardown_after_execution", "model_post_init",
+                         "to_settings", "asset_kinds"}
+    assert verbs(InferenceClient) == verbs(BatchInferenceResource) - dagster_lifecycle
+    assert {"infer", "ainfer", "embed", "predict", "aggregate", "filter", "classify",
+            "run_call", "estimate", "plan"} <= verbs(InferenceClient)
