@@ -21,11 +21,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import sqlglot
-from sqlglot import exp
-from sqlglot.errors import ParseError, TokenError
-from sqlglot.tokens import Token, TokenType
-
 from ..core.errors import InferenceConfigError
 
 _ALIASES = {
@@ -41,6 +36,8 @@ _ALIASES = {
 }
 INT_BITS = {"TINYINT": 7, "SMALLINT": 15, "INT": 31, "BIGINT": 63}
 _DUCKDB_NAMES = {"STRING": "VARCHAR", "INT": "INTEGER", "JSON": "JSON"}
+_TOKEN = re.compile(r"\s*(?:(`(?:[^`]|``)+`)|('(?:[^'\\]|\\.)*')|([A-Za-z_][A-Za-z0-9_]*)"
+                    r"|(\d+)|([<>(),:]))")
 
 
 @dataclass(frozen=True)
@@ -132,25 +129,60 @@ def _ddl_name(name: str) -> str:
 
 
 # -- parsing Databricks type strings ---------------------------------------------------------
-# sqlglot's Databricks dialect parses the grammar. It also reads other dialects' spellings
-# (NUMBER, INT8, DOUBLE PRECISION, INT[], a trailing ';') that Databricks refuses, so the words
-# are checked against _ALIASES first: a query that runs here then runs on Databricks too.
-_NAMES = {exp.DataType.build(word, dialect="databricks").this: name
-          for word, name in _ALIASES.items()}
-_FIELD_WORDS = ("NOT", "NULL", "COMMENT")
-_KNOWN_WORDS = (*_ALIASES, *_FIELD_WORDS)
-_CLOSING = {TokenType.LT: TokenType.GT, TokenType.L_PAREN: TokenType.R_PAREN}
-_SHAPES = {"ARRAY": "ARRAY takes one element type, as in ARRAY<STRING>",
-           "MAP": "MAP takes a key and a value type, as in MAP<STRING, INT>",
-           "STRUCT": "a STRUCT needs at least one field"}
-_PUNCTUATION = (TokenType.LT, TokenType.GT, TokenType.L_PAREN, TokenType.R_PAREN,
-                TokenType.COMMA, TokenType.COLON, TokenType.NUMBER)
+class _Tokens:
+    def __init__(self, text: str, argument: str):
+        self.text = text
+        self.argument = argument
+        self.items: list[tuple[str, str, int]] = []  # (kind, value, offset)
+        pos = 0
+        while pos < len(text):
+            if text[pos:].strip() == "":
+                break
+            match = _TOKEN.match(text, pos)
+            if match is None:
+                self.fail(f"unexpected character {text[pos:].lstrip()[0]!r}", pos)
+            quoted, string, word, number, punct = match.groups()
+            offset = match.start(match.lastindex)
+            if quoted:
+                self.items.append(("name", quoted[1:-1].replace("``", "`"), offset))
+            elif string:
+                self.items.append(("string", string, offset))
+            elif word:
+                self.items.append(("word", word, offset))
+            elif number:
+                self.items.append(("number", number, offset))
+            else:
+                self.items.append(("punct", punct, offset))
+            pos = match.end()
+        self.index = 0
 
+    def peek(self, ahead: int = 0) -> tuple[str, str, int]:
+        i = self.index + ahead
+        return self.items[i] if i < len(self.items) else ("end", "", len(self.text))
 
-class _Refused(Exception):
-    def __init__(self, message: str, offset: int | None = None):
-        super().__init__(message)
-        self.offset = offset
+    def take(self) -> tuple[str, str, int]:
+        item = self.peek()
+        self.index += 1
+        return item
+
+    def expect(self, punct: str) -> None:
+        kind, value, offset = self.take()
+        if kind != "punct" or value != punct:
+            self.fail(f"expected '{punct}' but found {value or 'the end'!r}", offset)
+
+    def accept_word(self, word: str) -> bool:
+        kind, value, _ = self.peek()
+        if kind == "word" and value.upper() == word:
+            self.index += 1
+            return True
+        return False
+
+    def fail(self, message: str, offset: int) -> None:
+        raise InferenceConfigError(
+            f"argument '{self.argument}': {message} at position {offset + 1} of "
+            f"{self.text!r}. Write a Databricks type such as 'STRING', 'ARRAY<STRING>' or "
+            "'STRUCT<risk: STRING, score: INT>'."
+        )
 
 
 def parse_type(text: str, argument: str = "returnType") -> SQLType:
@@ -160,134 +192,99 @@ def parse_type(text: str, argument: str = "returnType") -> SQLType:
     """
     if not isinstance(text, str) or not text.strip():
         raise InferenceConfigError(f"argument '{argument}' must be a non-empty type string.")
-    try:
-        return _parsed(text)
-    except _Refused as refused:
-        where = "in" if refused.offset is None else f"at position {refused.offset + 1} of"
-        raise InferenceConfigError(
-            f"argument '{argument}': {refused} {where} {text!r}. Write a Databricks type such "
-            "as 'STRING', 'ARRAY<STRING>' or 'STRUCT<risk: STRING, score: INT>'."
-        ) from None
+    tokens = _Tokens(text, argument)
+    first, second = tokens.peek(), tokens.peek(1)
+    bare_fields = (first[0] in ("word", "name") and
+                   (second[0] in ("word", "name") or second[1] == ":") and
+                   first[1].upper() not in ("ARRAY", "MAP", "STRUCT"))
+    result = SQLType("STRUCT", _fields(tokens, until="end")) if bare_fields else _type(tokens)
+    kind, value, offset = tokens.peek()
+    if kind != "end":
+        tokens.fail(f"unexpected {value!r} after the type", offset)
+    return result
 
 
-def _parsed(text: str) -> SQLType:
-    try:
-        tokens = sqlglot.tokenize(text, read="databricks")
-    except TokenError:
-        raise _Refused("a quote or comment is not closed") from None
-    if not tokens:
-        raise _Refused("expected a type but found only a comment")
-    _check_words(tokens)
-    # As Spark's from_json reads a schema: a leading 'name TYPE' or 'name:' is a field list.
-    bare = (len(tokens) > 1 and _is_word(tokens[0])
-            and tokens[0].text.upper() not in ("ARRAY", "MAP", "STRUCT")
-            and (tokens[1].token_type is TokenType.COLON or _is_word(tokens[1])))
-    prefix = "STRUCT<" if bare else ""
-    source = f"{prefix}{text}{'>' if bare else ''}"
-    try:
-        tree = sqlglot.parse_one(source, read="databricks", into=exp.DataType,
-                                 error_message_context=len(source))
-    except ParseError as exc:
-        error = exc.errors[0]
-        offset = min(max(len(error["start_context"]) - len(prefix), 0), len(text))
-        found = error["highlight"] if offset < len(text) else "the end"  # or the added '>'
-        expecting = re.fullmatch(r"Expecting (.+)", error["description"])
-        message = (f"expected {expecting[1]!r} but found {found!r}" if expecting
-                   else f"unexpected {found!r}")
-        raise _Refused(message, offset) from None
-    if not isinstance(tree, exp.DataType):  # a cast such as 'ARRAY<INT>(3)'
-        raise _Refused("unexpected text after the type")
-    return _converted(tree)
-
-
-def _is_word(token: Token | None) -> bool:
-    """A name or a keyword: what may stand for a field name or a type."""
-    return token is not None and (token.token_type is TokenType.IDENTIFIER or (
-        token.token_type is not TokenType.NUMBER and token.text.replace("_", "a").isalnum()))
-
-
-def _check_words(tokens: list[Token]) -> None:
-    """Each word is a type spelled as Databricks spells it, a field name (followed by ':' or its
-    type) or NOT NULL / COMMENT, and brackets pair up. sqlglot backtracks out of a STRUCT it
-    cannot read and reports its first field, so these mistakes are named here, where they are."""
-    opened: list[Token] = []
-    for i, token in enumerate(tokens):
-        kind = token.token_type
-        after = tokens[i + 1] if i + 1 < len(tokens) else None
-        if kind in _CLOSING:
-            opened.append(token)
-        elif kind in _CLOSING.values() and (
-                not opened or _CLOSING[opened.pop().token_type] is not kind):
-            raise _Refused(f"unexpected {token.text!r}", token.start)
-        elif kind is TokenType.NEQ and i and tokens[i - 1].text.upper() in _SHAPES:
-            raise _Refused(_SHAPES[tokens[i - 1].text.upper()], token.start)  # 'STRUCT<>'
-        elif kind is TokenType.COLON and not _is_word(after):
-            raise _Refused(f"unknown type {after.text if after else 'end of text'!r}",
-                           after.start if after else token.end + 1)
-        elif kind in _PUNCTUATION or (
-                kind is TokenType.STRING and i and tokens[i - 1].token_type is TokenType.COMMENT):
-            continue
-        elif not _is_word(token):
-            raise _Refused(f"unexpected {token.text!r}", token.start)
-        elif (kind is TokenType.IDENTIFIER or token.text.upper() not in _KNOWN_WORDS) and not (
-                after is not None and after.token_type is TokenType.COLON
-                or _is_word(after) and after.text.upper() not in _FIELD_WORDS):
-            # Not a type, nor a field name (which ':' or its type follows): a misspelt type.
-            raise _Refused(f"unknown type {token.text!r}", token.start)
-    if opened:
-        closing = ">" if opened[-1].token_type is TokenType.LT else ")"
-        raise _Refused(f"expected ',' or {closing!r} but found the end",
-                       tokens[-1].end + 1)
-
-
-def _converted(node: exp.Expression) -> SQLType:
-    if not isinstance(node, exp.DataType):
-        raise _Refused(f"expected a type but found {node.sql('databricks')!r}")
-    name = _NAMES.get(node.this)
-    if name is None:  # NULL (VOID): sqlglot reads it as a type, JSON schemas have no such type
-        raise _Refused(f"unknown type {node.this.value!r}")
-    children = node.expressions
+def _type(tokens: _Tokens) -> SQLType:
+    kind, value, offset = tokens.take()
+    name = _ALIASES.get(value.upper()) if kind == "word" else None
+    if name is None:
+        tokens.fail(f"unknown type {value or 'end of text'!r}", offset)
     if name == "ARRAY":
-        if len(children) != 1:
-            raise _Refused(_SHAPES[name])
-        return SQLType("ARRAY", (_converted(children[0]),))
+        tokens.expect("<")
+        element = _type(tokens)
+        tokens.expect(">")
+        return SQLType("ARRAY", (element,))
     if name == "MAP":
-        if len(children) != 2:
-            raise _Refused(_SHAPES[name])
-        key, value = (_converted(child) for child in children)
+        tokens.expect("<")
+        key = _type(tokens)
         if key.name != "STRING":
-            raise _Refused("MAP keys must be STRING (JSON object keys are text)")
-        return SQLType("MAP", (key, value))
+            tokens.fail("MAP keys must be STRING (JSON object keys are text)", offset)
+        tokens.expect(",")
+        value_type = _type(tokens)
+        tokens.expect(">")
+        return SQLType("MAP", (key, value_type))
     if name == "STRUCT":
-        if not children:
-            raise _Refused(_SHAPES[name])
-        return SQLType("STRUCT", _fields(children))
-    if name != "DECIMAL":
-        return SQLType(name)  # a length, as in VARCHAR(10), is ignored: JSON text has none
-    if not all(param.this.is_int for param in children):
-        raise _Refused("DECIMAL's precision and scale are whole numbers")
-    numbers = [int(param.name) for param in children]
-    precision, scale = (numbers + [10, 0][len(numbers):])[:2]
-    if not 1 <= precision <= 38 or not 0 <= scale <= precision:
-        raise _Refused(f"DECIMAL({precision},{scale}) is out of range")
-    return SQLType("DECIMAL", (precision, scale))
+        tokens.expect("<")
+        return SQLType("STRUCT", _fields(tokens, until=">"))
+    numbers = _type_arguments(tokens)
+    if name == "DECIMAL":
+        precision, scale = (numbers + [10, 0][len(numbers):])[:2]
+        if not 1 <= precision <= 38 or not 0 <= scale <= precision:
+            tokens.fail(f"DECIMAL({precision},{scale}) is out of range", offset)
+        return SQLType("DECIMAL", (precision, scale))
+    return SQLType(name)
 
 
-def _fields(columns: list[exp.Expression]) -> tuple[Field, ...]:
+def _type_arguments(tokens: _Tokens) -> list[int]:
+    if tokens.peek()[1] != "(":
+        return []
+    tokens.take()
+    numbers = []
+    while True:
+        kind, value, offset = tokens.take()
+        if kind != "number":
+            tokens.fail(f"expected a number but found {value!r}", offset)
+        numbers.append(int(value))
+        if tokens.peek()[1] == ",":
+            tokens.take()
+            continue
+        tokens.expect(")")
+        return numbers
+
+
+def _fields(tokens: _Tokens, until: str) -> tuple[Field, ...]:
     fields: list[Field] = []
-    for column in columns:
-        if not isinstance(column, exp.ColumnDef):
-            raise _Refused(f"expected a field name before {column.sql('databricks')!r}")
-        name = column.this
-        if name.name in (f.name for f in fields):
-            raise _Refused(f"field {name.name!r} appears twice")
+    while True:
+        kind, value, offset = tokens.peek()
+        if until == ">" and value == ">" and kind == "punct":
+            tokens.take()
+            break
+        if kind not in ("word", "name"):
+            tokens.fail(f"expected a field name but found {value or 'the end'!r}", offset)
+        tokens.take()
+        if value in (f.name for f in fields):
+            tokens.fail(f"field {value!r} appears twice", offset)
+        if tokens.peek()[1] == ":":
+            tokens.take()
+        field_type = _type(tokens)
         nullable = True
-        for constraint in column.args.get("constraints") or []:
-            kind = constraint.args["kind"]
-            if isinstance(kind, exp.NotNullColumnConstraint) and not kind.args.get("allow_null"):
-                nullable = False
-            elif not isinstance(kind, exp.CommentColumnConstraint):
-                raise _Refused(f"field {name.name!r} takes only NOT NULL and COMMENT after its "
-                               "type")
-        fields.append(Field(name.name, _converted(column.args["kind"]), nullable))
+        if tokens.accept_word("NOT"):
+            if not tokens.accept_word("NULL"):
+                tokens.fail("expected NULL after NOT", tokens.peek()[2])
+            nullable = False
+        if tokens.accept_word("COMMENT") and tokens.take()[0] != "string":
+            tokens.fail("COMMENT needs a quoted string", tokens.peek(-1)[2])
+        fields.append(Field(value, field_type, nullable))
+        kind, value, offset = tokens.peek()
+        if kind == "punct" and value == ",":
+            tokens.take()
+            continue
+        if until == "end" and kind == "end":
+            break
+        if until == ">" and kind == "punct" and value == ">":
+            continue  # the loop head consumes it
+        closing = "" if until == "end" else " or '>'"
+        tokens.fail(f"expected ','{closing} but found {value or 'the end'!r}", offset)
+    if not fields:
+        tokens.fail("a STRUCT needs at least one field", tokens.peek()[2])
     return tuple(fields)
