@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,21 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
 from dagster_batchllm.testing import SimulatedEndpoint
+
+TESTS = Path(__file__).resolve().parent
+# Outside the fast tier (``pytest -m "not slow"``) as a whole: real Spark, signals to real
+# processes, and the tests that drive the Dagster CLI, the webserver or the README's blocks.
+# Elsewhere a test that takes half a second or more here is marked ``slow`` where it is defined.
+SLOW_PATHS = ("spark/", "stopping/", "test_readme.py", "test_example_", "test_chaos.py",
+              "test_matrix.py", "dagster/test_dagster_ui.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        where = item.path.relative_to(TESTS).as_posix()
+        if where.startswith(SLOW_PATHS) or item.get_closest_marker("spark"):
+            item.add_marker(pytest.mark.slow)
+
 
 POSTGRES_URL = os.environ.get(
     "BATCHLLM_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

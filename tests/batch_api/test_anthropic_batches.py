@@ -128,6 +128,7 @@ def test_a_rerun_sends_nothing(quick, make_claude):
     assert batch_stats(quick)["batches_created"] == 1
 
 
+@pytest.mark.slow
 def test_sigkill_between_submit_and_collect_then_the_rerun_collects(
         tmp_path, held, make_claude, store_url):
     script = tmp_path / "child.py"

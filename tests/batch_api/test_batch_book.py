@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from batch_helpers import MODEL, PROMPT, batch_stats, book_of, frame
 
 from dagster_batchllm.core.delivery.batch_api.book import BatchBook
@@ -26,6 +27,7 @@ def test_an_attempt_of_a_key_is_recorded_in_one_batch_only(store_url):
         "k1": ("bllm-b", 2), "k2": ("bllm-a", 1), "k3": ("bllm-b", 1)}
 
 
+@pytest.mark.slow
 def test_two_partitions_submitting_the_same_rows_at_once_pay_for_each_once(held, make_client):
     df = frame(3000)
 

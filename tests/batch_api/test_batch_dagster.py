@@ -63,6 +63,7 @@ def metadata_of(result: dg.ExecuteInProcessResult) -> dict:
             event.step_materialization_data.materialization.metadata.items()}
 
 
+@pytest.mark.slow
 def test_wait_false_run_ends_at_once_and_the_sensor_run_collects_without_submitting(
         held, store_url, instance):
     llm = resource_for(held, store_url)

@@ -37,6 +37,7 @@ def materialize_day(sim: SimulatedEndpoint, where: Path, **extra_env: str) -> pd
     return table.sort_values("call_id").reset_index(drop=True)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_example_day_in_batch_mode_matches_online(tmp_path):
     with SimulatedEndpoint(models=("llama-70b",)) as sim:

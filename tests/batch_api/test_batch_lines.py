@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -93,6 +94,7 @@ def chat_answers(raws: list[bytes]) -> list[tuple | None]:
     return answers
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(lines=st.sampled_from([None, False, True]).flatmap(
     lambda odd: st.lists(result_lines(odd), min_size=1, max_size=12)))

@@ -254,6 +254,7 @@ def test_bad_rows_fail_alone_before_submission(quick, make_client):
     assert book_of(client).all_batches()[0]["lines"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_the_batch_book_works_on_postgresql(quick, make_client):
     """The book's per-line statements are plain SQL: PostgreSQL's placeholders and booleans."""
@@ -336,6 +337,7 @@ def test_an_unreachable_batch_endpoint_fails_the_rows_after_max_attempts(store_u
     assert "cannot connect to 'openai'" in error and "after 2 batch submissions" in error
 
 
+@pytest.mark.slow
 def test_waiting_logs_each_batch_and_its_request_counts(make_client, caplog):
     import logging
 
@@ -381,8 +383,8 @@ def test_keys_placed_without_a_lookup_are_decided_from_their_lines_after_all(
     """After a parcel whose keys had no line, the next are put in files without a lookup; a
     key that has a line after all (an answer collected at the pass's start, a row of the same
     key earlier in this pass) gets the outcome a looked-up key gets."""
-    from dagster_batchllm.core.delivery.batch_api import delivery as batch_delivery
     from dagster_batchllm.core.batch import mode as batch_mode
+    from dagster_batchllm.core.delivery.batch_api import delivery as batch_delivery
 
     if assume_new:  # every parcel placed without a lookup, the first too
         made = batch_delivery.BatchDelivery.__init__

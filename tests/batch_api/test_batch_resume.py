@@ -38,6 +38,7 @@ print("finished", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_120000_rows_make_three_batches_and_every_row_is_answered_once(make_client):
     with SimulatedEndpoint(models=(MODEL,), api_key="sk-batch", process=True) as sim:
@@ -54,6 +55,7 @@ def test_120000_rows_make_three_batches_and_every_row_is_answered_once(make_clie
         assert client.ledger.status_counts()["ok"] == 120_000
 
 
+@pytest.mark.slow
 def test_sigkill_after_submission_then_a_rerun_submits_nothing(tmp_path, held, make_client,
                                                                store_url):
     script = tmp_path / "child.py"

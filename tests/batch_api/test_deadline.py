@@ -46,6 +46,7 @@ def test_a_batch_that_finishes_in_time_sends_nothing_online_at_half_the_price(
     assert result.stats.cost_usd == pytest.approx(result.stats.online_cost_usd * 0.5)
 
 
+@pytest.mark.slow
 def test_a_stalled_batch_is_cancelled_and_its_rows_answered_online_by_the_deadline(
         held, make_client):
     client = calibrated(make_client, held)
@@ -71,6 +72,7 @@ def test_a_stalled_batch_is_cancelled_and_its_rows_answered_online_by_the_deadli
     assert result.stats.cost_usd == pytest.approx(result.stats.online_cost_usd)
 
 
+@pytest.mark.slow
 def test_lines_a_slow_batch_answered_are_used_and_only_the_rest_goes_online(
         quick, make_client):
     client = calibrated(make_client, quick)
@@ -90,6 +92,7 @@ def test_lines_a_slow_batch_answered_are_used_and_only_the_rest_goes_online(
         result.stats.online_cost_usd)
 
 
+@pytest.mark.slow
 def test_a_cancel_that_comes_too_late_is_counted_as_duplicates_and_the_ledger_keeps_one(
         held, make_client):
     client = calibrated(make_client, held)
@@ -133,6 +136,7 @@ def test_a_deadline_out_of_reach_is_said_at_the_start_and_every_row_goes_online(
     assert result.stats.deadline["rows_online"] == ROWS
 
 
+@pytest.mark.slow
 def test_with_wait_false_the_switch_time_is_recorded_and_a_run_then_sends_the_rest(
         held, make_client):
     client = calibrated(make_client, held)
@@ -166,6 +170,7 @@ def test_a_deadline_needs_batch_mode_and_a_time(quick, make_client):
     assert deadline_at(naive) == naive.astimezone().timestamp()
 
 
+@pytest.mark.slow
 def test_embeddings_keep_a_deadline_too(tmp_path):
     with SimulatedEndpoint(embedding_models=("bge",), embedding_dimensions=8,
                            batch_stage_s=None) as sim:

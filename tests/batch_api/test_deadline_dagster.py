@@ -62,6 +62,7 @@ def figures_of(instance, key: str, partition: str) -> dict:
             for k, v in record.asset_materialization.metadata.items()}
 
 
+@pytest.mark.slow
 def test_a_daily_partition_answered_by_its_deadline_shows_batch_and_online_in_its_metadata(
         quick, make_client, store_url, instance):
     calibrated(make_client, quick)
@@ -107,6 +108,7 @@ def test_a_daily_partition_answered_by_its_deadline_shows_batch_and_online_in_it
                                                                   abs=1e-4)
 
 
+@pytest.mark.slow
 def test_the_sensor_launches_the_switch_run_when_the_recorded_switch_time_comes(
         held, make_client, store_url, instance):
     calibrated(make_client, held)
@@ -152,6 +154,7 @@ def test_the_sensor_launches_the_switch_run_when_the_recorded_switch_time_comes(
     assert "No partition of summaries waits for a batch" in after.skip_reason.skip_message
 
 
+@pytest.mark.slow
 def test_a_switch_run_that_finds_the_switch_not_due_records_a_new_time_and_waits_on(
         held, make_client, store_url, instance):
     calibrated(make_client, held)

@@ -101,6 +101,7 @@ def test_resource_wide_default_budget_applies_when_the_call_gives_none(sim, make
     assert result.stats.deferred == 4 and sim.stats(log=False)["requests"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("limit", "what"), [("requests_per_minute", "requests"),
                                              ("tokens_per_minute", "tokens")])
 def test_rate_limits_are_never_exceeded_at_the_server_at_high_concurrency(
@@ -136,6 +137,7 @@ def test_max_concurrency_caps_what_the_server_sees_in_flight(client_with):
             assert server["requests"] > 20
 
 
+@pytest.mark.slow
 def test_two_runs_at_once_sharing_one_ledger_respect_the_endpoints_max_concurrency(
     make_settings
 ):

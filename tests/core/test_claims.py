@@ -32,6 +32,7 @@ def _drop(ledger: Ledger) -> None:
             conn.exec_driver_sql(f'DROP TABLE IF EXISTS "{ledger.table.name}{suffix}"')
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_concurrent_claims_of_overlapping_keys_in_any_order_never_deadlock(postgres_url):
     """Four sessions claim 600 overlapping keys each, in their own random orders, 8 times over:
@@ -71,6 +72,7 @@ def test_concurrent_claims_of_overlapping_keys_in_any_order_never_deadlock(postg
         ledger.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_each_key_has_one_holder_among_concurrent_claims(postgres_url):
     ledger = Ledger(postgres_url, f"batchllm_claims_{uuid.uuid4().hex[:8]}")

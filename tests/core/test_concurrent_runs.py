@@ -78,6 +78,7 @@ def _all_runs_overlapped(recorder: RunRecordingResponder) -> bool:
     return len(spans) == RUNS and max(s for s, _ in spans) < min(e for _, e in spans)
 
 
+@pytest.mark.slow
 def test_coordinated_runs_respect_the_endpoints_concurrency_together(make_settings, busy_sim,
                                                                       recorder):
     stats = _run_partitions_at_once(_settings(make_settings, busy_sim, coordinate_runs=True))
@@ -88,6 +89,7 @@ def test_coordinated_runs_respect_the_endpoints_concurrency_together(make_settin
     assert server["max_concurrent"] <= LIMIT  # ... and together stayed within the limit
 
 
+@pytest.mark.slow
 def test_uncoordinated_runs_would_multiply_the_load(make_settings, busy_sim, recorder):
     stats = _run_partitions_at_once(_settings(make_settings, busy_sim, coordinate_runs=False))
     assert [s.succeeded for s in stats] == [ROWS] * RUNS

@@ -44,6 +44,7 @@ print("finished", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")
 def test_run_killed_with_sigkill_resumes_every_row_and_resends_at_most_what_was_in_flight(
     make_settings, tmp_path

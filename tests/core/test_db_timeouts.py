@@ -38,6 +38,7 @@ def test_a_ledger_connection_carries_the_tcp_bounds(postgres_url):
         ledger.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_a_statement_left_unanswered_past_the_deadline_fails_and_the_next_one_works(
         postgres_url):
@@ -58,6 +59,7 @@ def test_a_statement_left_unanswered_past_the_deadline_fails_and_the_next_one_wo
         ledger.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_a_stopping_run_caps_the_deadline_of_its_own_thread(postgres_url):
     ledger = Ledger(postgres_url, "deadline_cap_check")  # the default deadline: 30 s

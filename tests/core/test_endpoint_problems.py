@@ -24,6 +24,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_an_endpoint_with_nothing_listening_fails_the_rows_fast_and_says_why(tmp_path, caplog):
     # endpoint_unreachable_after_s=1 takes effect: the default (15 s) would fail the bound below
     url = f"http://127.0.0.1:{_free_port()}/v1"
@@ -52,6 +53,7 @@ def test_an_endpoint_with_nothing_listening_fails_the_rows_fast_and_says_why(tmp
     assert unreachable.str.contains("check base_url").all()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_with_default_settings_the_rows_fail_after_the_promised_15_s(tmp_path):
     """The README's promise as a user gets it: default retry, breaker and bound settings, 500
@@ -73,6 +75,7 @@ def test_with_default_settings_the_rows_fail_after_the_promised_15_s(tmp_path):
     assert (result.error_types == ErrorType.ENDPOINT_UNREACHABLE.value).all()
 
 
+@pytest.mark.slow
 def test_a_slow_endpoint_is_waited_for_not_called_unreachable(tmp_path):
     with SimulatedEndpoint(latency_s=0.5) as sim:
         settings = InferenceSettings(

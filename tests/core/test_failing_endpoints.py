@@ -139,6 +139,7 @@ def test_a_new_call_probes_an_endpoint_whose_cool_down_outlasts_its_bound_once()
 
 # -- whole calls against the simulated server -------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fault", "reason"), [("malformed", NOT_JSON),
                                                ("drop_mid_body", CUT_MID_BODY)],
                          ids=["not-json", "cut-mid-body"])
@@ -168,6 +169,7 @@ def test_an_endpoint_that_never_answers_usably_fails_the_rows_at_the_bound_not_t
     assert len(records) == 100 and set(records["status"]) == {"failed"}
 
 
+@pytest.mark.slow
 def test_one_endpoint_failing_while_another_answers_fails_no_row(tmp_path):
     with SimulatedEndpoint(models=(MODEL,)) as broken, \
             SimulatedEndpoint(models=(MODEL,), latency_s=0.02) as steady:
@@ -182,6 +184,7 @@ def test_one_endpoint_failing_while_another_answers_fails_no_row(tmp_path):
     assert result.stats.failed == 0 and result.stats.succeeded == 150
 
 
+@pytest.mark.slow
 def test_a_rerun_once_the_endpoint_is_fixed_answers_the_rows(tmp_path):
     with SimulatedEndpoint(models=(MODEL,)) as sim:
         sim.configure(malformed_rate=1.0)
@@ -227,6 +230,7 @@ def test_a_retry_after_longer_than_the_bound_defers_the_rows_and_a_later_call_se
     assert again.stats.succeeded == 40 and requests == 80
 
 
+@pytest.mark.slow
 def test_a_row_waiting_out_a_short_retry_after_leaves_its_slot_to_other_rows(tmp_path):
     """Concurrency 1: while the first row waits the 429's 0.5 s, the next row is sent on the
     slot it left and answered before the first row's retry."""

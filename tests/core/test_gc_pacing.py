@@ -65,6 +65,7 @@ def test_concurrent_runs_on_threads_leave_the_thresholds_as_they_found_them(sim,
     assert gc.get_threshold() == before and not gc_pacing._holders
 
 
+@pytest.mark.slow
 def test_an_ended_run_is_freed_without_a_collection(sim, make_client, monkeypatch):
     """Runs hold collections off, a batch call for its whole length: a run it is done with
     must go when it is dropped (else a batch pass's runs, a slice each, all stay to the end of

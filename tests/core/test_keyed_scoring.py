@@ -22,6 +22,8 @@ pytest.importorskip("mlflow")
 
 from dagster_batchllm.simulator.mlflow_registry import feature_frame, fit_risk_model
 
+# Outside the fast tier: the module trains and logs MLflow models first (about 10 s).
+pytestmark = pytest.mark.slow
 FEATURES = ["f1", "f2"]
 
 
@@ -45,6 +47,7 @@ def _task_keys(frame, call, models):
     return [item.as_cell() if hasattr(item, "as_cell") else item.key for item in items]
 
 
+@pytest.mark.slow
 def test_batch_keys_are_predict_tasks_keys_for_every_kind_of_column(client):
     models = _models(client, "risk", "models:/risk/2")
     frame = pd.DataFrame({

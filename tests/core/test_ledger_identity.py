@@ -36,6 +36,7 @@ def _settings(make_settings, sim):
         dataclasses.replace(settings.endpoints[0], max_concurrency=CONCURRENCY),))
 
 
+@pytest.mark.slow
 def test_a_ledger_file_deleted_mid_run_fails_the_run_keeps_the_journal_and_the_rerun_folds_it(
     make_settings, tmp_path
 ):

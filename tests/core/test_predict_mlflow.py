@@ -49,6 +49,7 @@ def expected(version: int, frame: pd.DataFrame) -> list[int]:
     return fit_risk_model(version).predict(frame[FEATURES]).tolist()
 
 
+@pytest.mark.slow
 def test_every_uri_form_scores_the_registered_model(scoring, mlflow_registry, tmp_path):
     frame = feature_frame(300, seed=7)
     folder = mlflow_registry.local_path("risk", "1", tmp_path / "risk_v1")
@@ -98,6 +99,7 @@ def test_splitting_a_rejected_group_is_no_retry(scoring):
     assert stats.requests == stats.endpoints["in-process"]["requests"] == 13
 
 
+@pytest.mark.slow
 def test_models_saved_in_mlflows_default_skops_format_score(scoring, tmp_path):
     """MLflow 3 saves scikit-learn models with skops unless told otherwise: a plain model and
     a text pipeline (TF-IDF, as the example's) load and score, a bad row failing alone."""
@@ -169,6 +171,7 @@ def test_a_model_column_routes_each_row_to_its_model(scoring, mlflow_registry):
     assert result.stats.endpoints["in-process"]["requests"] == 2
 
 
+@pytest.mark.slow
 def test_a_moved_alias_scores_under_the_new_version_and_keeps_the_old_answers(
         scoring, tmp_path):
     registry = two_risk_versions(tmp_path / "own-registry", "churn")

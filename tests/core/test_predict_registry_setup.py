@@ -42,6 +42,7 @@ except Exception as exc:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_processes_racing_on_a_fresh_registry_set_it_up_once(tmp_path):
     root, start = tmp_path / "registry", tmp_path / "start"

@@ -19,6 +19,8 @@ from dagster_batchllm.simulator.mlflow_registry import (
     fit_risk_model,
 )
 
+# Outside the fast tier: the module starts `mlflow models serve` before its first test (about 5 s).
+pytestmark = pytest.mark.slow
 FEATURES = ["f1", "f2"]
 
 
@@ -41,6 +43,7 @@ def client(server, mlflow_registry, tmp_path):
         yield scoring
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("input_format", ["dataframe_split", "dataframe_records", "inputs"])
 def test_a_served_model_answers_many_rows_per_request_through_the_pool(client, input_format):
     frame = feature_frame(1000, seed=21)

@@ -47,6 +47,7 @@ def _score(settings, frame):
                               output_column="risk", rows_per_request=100)
 
 
+@pytest.mark.slow
 def test_a_redeploy_of_a_new_version_scores_afresh_and_the_same_version_is_reused(
         registry, tmp_path):
     frame = feature_frame(300, seed=61)
@@ -83,6 +84,7 @@ def test_a_redeploy_of_a_new_version_scores_afresh_and_the_same_version_is_reuse
     assert len(records) == 900  # versions 1 and 2 declared, and the undeclared name
 
 
+@pytest.mark.slow
 def test_a_long_lived_client_follows_a_redeploy_under_the_same_url(registry, tmp_path):
     """A resource's client outlives deploys: each call reads the registry again, so the server
     restarted on the same port with the moved alias is scored afresh, half a frame at a time:
@@ -111,6 +113,7 @@ def test_a_long_lived_client_follows_a_redeploy_under_the_same_url(registry, tmp
         assert rest.stats.cached == 100 and rest.df["risk"].tolist() == v2
 
 
+@pytest.mark.slow
 def test_an_undeclared_served_model_is_warned_about_once(registry, tmp_path, caplog,
                                                          monkeypatch):
     monkeypatch.setattr(resolve, "_warned_unversioned", set())
@@ -130,6 +133,7 @@ def _predict(client, frame):
                           output_column="risk", rows_per_request=50)
 
 
+@pytest.mark.slow
 def test_a_declared_version_keys_the_answers_without_a_registry(registry, tmp_path):
     frame = feature_frame(50, seed=62)
     with ModelServer("models:/risk/1", tracking_uri=registry.uri) as server:
@@ -144,6 +148,7 @@ def test_a_declared_version_keys_the_answers_without_a_registry(registry, tmp_pa
         assert score("8").stats.cached == 0  # another deploy: scored again
 
 
+@pytest.mark.slow
 def test_a_served_model_uri_that_does_not_resolve_raises_before_anything_is_sent(
         registry, tmp_path):
     # Nothing listens on port 9: a sent row would fail as unreachable instead of raising.

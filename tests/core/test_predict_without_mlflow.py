@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent("""
     import sys
     sys.modules["mlflow"] = None  # import mlflow now raises ImportError
@@ -32,6 +34,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_infer_works_and_predict_names_the_extra_without_mlflow(tmp_path):
     done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from dagster_batchllm.core.requests import PREFIX_KEY_BYTES, prefix_key
 from dagster_batchllm.core.tasks.chat.call import InferenceCall
@@ -46,6 +47,7 @@ def fresh_caches(sims) -> None:
         sim.reset_stats()
 
 
+@pytest.mark.slow
 def test_affinity_keeps_each_instruction_cached_where_least_loaded_does_not(make_client):
     sims = [SimulatedEndpoint(latency_s=0.01, prefix_cache_tokens=CACHE_TOKENS).start()
             for _ in range(4)]

@@ -294,6 +294,7 @@ def test_a_budget_without_a_price_is_refused_before_anything_is_sent(sim, make_c
     assert sim.stats(log=False)["requests"] == 0
 
 
+@pytest.mark.slow
 def test_the_run_stops_sending_before_what_it_paid_would_pass_the_budget(sim, priced_client):
     n = 60
     client = priced_client(sim)

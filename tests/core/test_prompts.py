@@ -29,6 +29,7 @@ def _whole(model, params, text, system):
     return make_request(model, messages, params, params["max_tokens"])
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(model=texts, params=params, text=texts, system=st.none() | texts)
 def test_a_spliced_body_is_the_canonical_encoding_of_the_whole_request(model, params, text,
@@ -78,6 +79,7 @@ templates = st.sampled_from([
     "{a!r}", "{a:>5}", "no field at all", "ünï {b} \u2028"])
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(template=templates, system=st.sampled_from([None, "You are terse.", "{{braces}}", " "]),
        as_text=st.booleans(), rows=st.one_of(st.lists(st.tuples(plain, plain), min_size=1,

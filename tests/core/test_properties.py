@@ -154,6 +154,7 @@ def check_result(df: pd.DataFrame, template: str, result) -> None:
     assert result.stats.deferred == 0
 
 
+@pytest.mark.slow
 @PROPERTY_SETTINGS
 @given(df=frames(), template=templates)
 def test_any_template_over_any_cells_answers_or_explains_every_row(client, df, template):
@@ -166,6 +167,7 @@ def test_any_template_over_any_cells_answers_or_explains_every_row(client, df, t
     check_result(df, template, result)
 
 
+@pytest.mark.slow
 @PROPERTY_SETTINGS
 @given(df=frames())
 def test_any_cell_as_the_whole_prompt_is_answered_or_explained(client, df):
@@ -174,6 +176,7 @@ def test_any_cell_as_the_whole_prompt_is_answered_or_explained(client, df):
     check_result(df, "{a}", result)
 
 
+@pytest.mark.slow
 @PROPERTY_SETTINGS
 @given(df=frames(), system=templates)
 def test_any_system_template_is_answered_explained_or_refused(client, df, system):
@@ -187,6 +190,7 @@ def test_any_system_template_is_answered_explained_or_refused(client, df, system
     check_result(df, "Q: {a}", result)
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(values=st.lists(cells, min_size=1, max_size=4))

@@ -112,6 +112,7 @@ def test_the_simulated_server_does_echo_the_key(echoing):
     assert KEY in reply.read().decode()  # so the tests below prove something
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("http_client", ["aiohttp", "openai"])
 def test_a_key_echoed_in_401_400_and_429_bodies_is_kept_nowhere(echoing, tmp_path, caplog,
                                                                   http_client):

@@ -94,6 +94,7 @@ def _client(sim: SimulatedEndpoint, tmp_path: Path, **overrides) -> InferenceCli
         **overrides))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
 @pytest.mark.parametrize("http_client", ["aiohttp", "openai"])
 def test_a_reply_within_its_bound_is_read_and_one_past_it_is_refused(huge, tmp_path, declared,
@@ -209,6 +210,7 @@ _MEASURE = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_16_rows_answered_with_50_mb_bodies_keep_memory_and_the_ledger_small(tmp_path):
     with SimulatedEndpoint(models=(MODEL,)) as sim:
         done = subprocess.run([sys.executable, "-c", _MEASURE, sim.base_url, str(tmp_path)],

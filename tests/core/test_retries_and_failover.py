@@ -116,6 +116,7 @@ def test_failures_in_flight_when_the_breaker_trips_leave_its_cool_down_as_it_is(
     assert state.open_until == 130.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("status", "error_type"),
     [(400, "bad_request"), (401, "authentication_error"), (403, "authentication_error"),
@@ -169,6 +170,7 @@ def test_exhausted_attempts_fail_the_row_with_the_last_reason(
     assert client.ledger.records().iloc[0]["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_timeout_is_retried_then_reported(sim, make_client):
     sim.script("stall", "stall")
     client = make_client(sim, request_timeout_s=0.3, max_attempts=2)
@@ -192,6 +194,7 @@ def stop_after(sim: SimulatedEndpoint, answered: int) -> threading.Thread:
     return thread
 
 
+@pytest.mark.slow
 def test_endpoint_stopped_mid_run_fails_over_and_no_row_is_lost(make_client):
     with SimulatedEndpoint(latency_s=0.01) as doomed, SimulatedEndpoint(latency_s=0.01) as other:
         client = make_client(doomed, other, breaker_failure_threshold=3,
@@ -220,6 +223,7 @@ def test_endpoint_stopped_mid_run_fails_over_and_no_row_is_lost(make_client):
         assert set(records["endpoint"]) == {"ep0", "ep1"}
 
 
+@pytest.mark.slow
 def test_breaker_cools_a_dead_endpoint_and_probes_it_again_after_restart(make_client):
     with SimulatedEndpoint(latency_s=0.005) as flaky, SimulatedEndpoint(latency_s=0.005) as steady:
         client = make_client(flaky, steady, breaker_failure_threshold=3,

@@ -86,6 +86,7 @@ def drop_tables(store_url: str, table: str) -> None:
         engine.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_four_processes_over_the_same_rows_on_postgresql_share_them(tmp_path, postgres_url):
     with SimulatedEndpoint(latency_s=0.1) as sim:

@@ -244,6 +244,7 @@ def test_usage_no_server_could_count_is_counted_at_the_bound_flagged_and_logged_
         _check_corrected_run(client, sim, _frame(20), caplog, WRONG[kind])
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.parametrize("kind", ["huge", "negative"])
 def test_on_postgresql_absurd_usage_is_kept_and_the_rerun_sends_nothing(

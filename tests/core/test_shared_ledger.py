@@ -84,6 +84,7 @@ def check_nothing_lost(results: dict, ledger: Ledger, sim: SimulatedEndpoint) ->
     assert sum(results[p]["stats"]["cached"] for p in RANGES) == 600 - total_sent
 
 
+@pytest.mark.slow
 def test_two_processes_share_one_sqlite_ledger_file(tmp_path):
     store_url = f"sqlite:///{tmp_path / 'shared.db'}"
     with SimulatedEndpoint(latency_s=0.005) as sim:
@@ -98,6 +99,7 @@ def test_two_processes_share_one_sqlite_ledger_file(tmp_path):
             ledger.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_two_processes_share_one_postgresql_ledger_table(tmp_path, postgres_url):
     table = f"batchllm_test_{uuid.uuid4().hex[:12]}"

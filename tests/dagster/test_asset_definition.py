@@ -115,6 +115,7 @@ def test_structured_columns_are_typed_and_described(sim, make_llm_resource):
     assert columns["call_id"].type == "string" and columns["call_id"].description is None
 
 
+@pytest.mark.slow
 def test_failed_rows_are_listed_with_their_keys_or_positions(sim, make_llm_resource):
     keyed = _materialize(sim, make_llm_resource, key_columns=["call_id"])["batchllm/failed_rows"]
     assert [(r.data["call_id"], r.data["error_type"], r.data["retryable"])
@@ -125,6 +126,7 @@ def test_failed_rows_are_listed_with_their_keys_or_positions(sim, make_llm_resou
     assert [r.data["row"] for r in positions.records] == [1, 3]
 
 
+@pytest.mark.slow
 def test_key_columns_missing_from_the_input_fail_before_anything_is_sent(sim, make_llm_resource):
     asset = build_inference_asset(name="classified", source=calls, prompt="{text}",
                                   output_column="label", key_columns=["ticket_id"])

@@ -53,6 +53,7 @@ def _figures(result: dg.ExecuteInProcessResult, node: str = "reversed_texts") ->
     return {k: v.value for k, v in event.metadata.items()}
 
 
+@pytest.mark.slow
 def test_a_new_jobs_asset_answers_each_partition_with_its_figures_and_checks(llm, sim,
                                                                              instance):
     result = dg.materialize([texts, reversed_texts], instance=instance, resources={"llm": llm},
@@ -76,6 +77,7 @@ def test_a_new_jobs_asset_answers_each_partition_with_its_figures_and_checks(llm
     assert _figures(again)["batchllm/rows_cached"] == 3
 
 
+@pytest.mark.slow
 def test_the_retry_sensor_reruns_a_new_jobs_failed_partition(llm, sim, instance):
     sim.script(500)  # the first request of partition b fails; no retries here
     assert dg.materialize([texts, reversed_texts], instance=instance, resources={"llm": llm},
@@ -93,6 +95,7 @@ def test_the_retry_sensor_reruns_a_new_jobs_failed_partition(llm, sim, instance)
     assert sim.stats(log=False)["requests"] == 3  # 2, then only the failed one again
 
 
+@pytest.mark.slow
 def test_a_new_jobs_asset_goes_through_the_batch_api(sim, make_llm_resource, instance):
     llm = make_llm_resource(sim, endpoint_kwargs={"batch_api": True}, max_attempts=1)
     batched = build_call_asset(name="reversed_by_batch", source=texts,

@@ -55,6 +55,7 @@ def _write_defs(sandbox, attributes: dict) -> object:
     return path
 
 
+@pytest.mark.slow
 def test_component_loads_from_defs_yaml_and_materializes(sim, make_llm_resource, tmp_path,
                                                          monkeypatch):
     store_url = f"sqlite:///{tmp_path / 'ledger.db'}"

@@ -153,6 +153,7 @@ def questions() -> pd.DataFrame:
     return pd.DataFrame({"q": ["Where is my order?", "Can I get a refund?"]})
 
 
+@pytest.mark.slow
 def test_a_defs_yaml_alone_provides_the_resource(sim, tmp_path):
     store_url = f"sqlite:///{tmp_path / 'ledger.db'}"
     attributes = {

@@ -51,6 +51,7 @@ def _chain(error: BaseException | None) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_a_deadline_in_defs_yaml_is_the_time_after_the_partitions_window(sim, tmp_path):
     with loaded_defs_yaml("dagster_batchllm.BatchInferenceComponent",
                           attributes_for(sim, tmp_path, deadline="1d12h"),

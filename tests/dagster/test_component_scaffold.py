@@ -127,6 +127,7 @@ def _check_defs(project: Path) -> None:
     assert "All definitions loaded successfully" in done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_dg_check_defs_passes_on_the_scaffolds_in_a_fresh_dg_project(tmp_path):
     project = _fresh_dg_project(tmp_path / "fresh_project")
     # Two inference scaffolds: each its own placeholder source, one shared resource.

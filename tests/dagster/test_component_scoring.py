@@ -70,6 +70,7 @@ def _load(attributes):
         return loaded
 
 
+@pytest.mark.slow
 def test_the_scoring_component_loads_from_defs_yaml_and_materializes(registry, tmp_path):
     component, defs = _load(_attributes(registry, tmp_path))
     assert isinstance(component, ModelScoringComponent) and component.model_name == "risk"
@@ -104,6 +105,7 @@ def test_the_scoring_component_loads_from_defs_yaml_and_materializes(registry, t
     assert rescored.code_versions_by_key[rescored.key] != scores.code_versions_by_key[scores.key]
 
 
+@pytest.mark.slow
 def test_an_alias_sensor_without_model_version_names_the_fix(registry, tmp_path):
     attributes = _attributes(registry, tmp_path)
     del attributes["model_version"]
@@ -124,6 +126,7 @@ def test_the_scoring_component_is_in_the_dg_registry():
             "resource"} <= set(schema["properties"])
 
 
+@pytest.mark.slow
 def test_the_scaffolded_defs_yaml_loads_and_scores_once_pointed_at_the_registry(registry,
                                                                                  tmp_path):
     with create_defs_folder_sandbox() as sandbox:

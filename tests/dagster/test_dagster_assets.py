@@ -40,6 +40,7 @@ def _ledger_pairs(resources: dict, scope: str) -> set[tuple[str, str]]:
     return set(zip(records["request_key"], records["partition_key"], strict=True))
 
 
+@pytest.mark.slow
 def test_one_partition_materializes_all_three_assets(example_resources, sim):
     resources = example_resources()
     result = dg.materialize(pipeline_assets, partition_key=DAY, resources=resources)
@@ -80,6 +81,7 @@ def test_one_partition_materializes_all_three_assets(example_resources, sim):
     assert sim.stats(log=False)["ok"] == sum(len(ledger.records(scope=s)) for s in INFERRED)
 
 
+@pytest.mark.slow
 def test_backfill_one_run_per_partition_and_single_run_record_the_same(example_resources):
     per_partition = example_resources("per_partition")
     for day in DAYS:  # what a multi-run backfill launches: one run per partition

@@ -66,6 +66,7 @@ def _skip(result: dg.SensorResult) -> str:
 # -- retry partitions ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_retry_sensor_requests_exactly_the_incomplete_partitions_and_the_rerun_pays_only_for_them(
     sim, make_llm_resource, instance,
 ):
@@ -344,6 +345,7 @@ blank_summaries = build_inference_asset(
 FIX_THE_INPUT = "a retry cannot fix these; fix the input"
 
 
+@pytest.mark.slow
 def test_input_errors_are_reported_not_retried_in_the_checks_words(sim, make_llm_resource,
                                                                   instance):
     llm = make_llm_resource(sim)

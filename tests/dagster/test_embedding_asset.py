@@ -77,6 +77,7 @@ def _materialization(result: dg.ExecuteInProcessResult, partition: str) -> dict:
     return {k: v.value for k, v in event.metadata.items()}
 
 
+@pytest.mark.slow
 def test_a_single_run_backfill_gives_each_partition_its_figures_and_checks(resources, embed_sim,
                                                                            instance):
     result = dg.materialize([notes, note_embeddings], instance=instance, resources=resources,
@@ -106,6 +107,7 @@ def test_a_single_run_backfill_gives_each_partition_its_figures_and_checks(resou
     assert _materialization(again, "a")["batchllm/rows_cached"] == 5
 
 
+@pytest.mark.slow
 def test_the_retry_sensor_reruns_the_partition_whose_requests_failed(llm, resources, embed_sim,
                                                                       instance):
     def run(partition: str, **kwargs) -> None:
@@ -136,6 +138,7 @@ def test_definition_mistakes_raise_saying_what_to_fix():
                               partition_column="day")
 
 
+@pytest.mark.slow
 def test_the_example_finds_similar_earlier_calls_of_high_risk_ones(tmp_path, instance,
                                                                    monkeypatch):
     monkeypatch.setenv("BATCHLLM_WAREHOUSE_URL", f"sqlite:///{tmp_path / 'warehouse.db'}")

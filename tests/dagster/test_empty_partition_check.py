@@ -84,6 +84,7 @@ def test_a_single_run_backfill_marks_only_its_empty_partition(sim, make_llm_reso
     assert checks[EMPTY, ROW_COUNT].severity == dg.AssetCheckSeverity.WARN
 
 
+@pytest.mark.slow
 def test_the_embedding_asset_warns_on_an_empty_partition(embed_sim, make_llm_resource,
                                                          instance):
     embeddings = build_embedding_asset(

@@ -72,6 +72,7 @@ def test_on_the_embedded_default_every_field_is_what_the_invoice_prints(run_pipe
     assert checks and all(checks.values()), checks  # the one scan stays under the warning rate
 
 
+@pytest.mark.slow
 def test_a_rerun_sends_nothing(run_pipeline, tmp_path):
     llm = embedded(tmp_path)
     first, _ = run_pipeline(llm)

@@ -58,6 +58,7 @@ def materialize_at_once(n: int, sim: SimulatedEndpoint, store_url: str, table: s
                        n, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_four_materializations_of_one_partition_pay_each_row_once(tmp_path, postgres_url):
     with SimulatedEndpoint(latency_s=0.1) as sim:

@@ -46,6 +46,7 @@ def _ledger_cost(ledger, partition: str, scope: str) -> float:
             t.c.partition_key == partition, t.c.scope == scope)).scalar()
 
 
+@pytest.mark.slow
 def test_each_partitions_cost_in_the_metadata_is_the_sum_of_its_rows_costs_in_the_ledger(
         sim, make_llm_resource, instance):
     import pandas as pd

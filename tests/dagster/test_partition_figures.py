@@ -50,6 +50,7 @@ def _cost(prompt_tokens: int, completion_tokens: int) -> float:
     return round((prompt_tokens * PROMPT_PRICE + completion_tokens * COMPLETION_PRICE) / 1e6, 6)
 
 
+@pytest.mark.slow
 def test_a_single_run_backfill_records_each_partitions_own_figures(resources, instance):
     result = _backfill(resources, instance)
     by_day = _metadata(result, SUMMARIES)
@@ -97,6 +98,7 @@ def test_a_single_run_backfill_records_each_partitions_own_figures(resources, in
     assert len({m["batchllm/run/prompt_tokens"] for m in by_day.values()}) == len(DAYS)
 
 
+@pytest.mark.slow
 def test_a_backfills_checks_are_evaluated_per_partition(resources, instance):
     result = _backfill(resources, instance)
     evaluations = [e for e in result.get_asset_check_evaluations()
@@ -135,6 +137,7 @@ def test_a_backfills_checks_are_evaluated_per_partition(resources, instance):
                       "2026-11-04": "FAILED"}
 
 
+@pytest.mark.slow
 def test_a_rerun_from_the_ledger_keeps_what_the_answers_cost(resources, instance, sim):
     day = DAYS[1]
     first = _metadata(dg.materialize(pipeline_assets, resources=resources, instance=instance,
@@ -154,6 +157,7 @@ def test_a_rerun_from_the_ledger_keeps_what_the_answers_cost(resources, instance
     assert first["batchllm/answers/prompt_tokens"] == first["batchllm/run/prompt_tokens"]
 
 
+@pytest.mark.slow
 def test_each_partition_logs_its_summary_line(resources, instance):
     result = _backfill(resources, instance)
     lines = [entry.user_message for entry in instance.all_logs(result.run_id)
@@ -169,6 +173,7 @@ def test_each_partition_logs_its_summary_line(resources, instance):
     assert "invalid_input 3 - a retry cannot fix these; fix the input" in lines[0]
 
 
+@pytest.mark.slow
 def test_an_unpriced_model_says_how_to_price_it(sim, make_llm_resource, tmp_path, instance):
     warehouse = WarehouseResource(url=f"sqlite:///{tmp_path / 'warehouse.db'}")
     resources = {"llm": make_llm_resource(sim, default_model="sim-model"), "warehouse": warehouse,

@@ -37,6 +37,7 @@ summaries = build_inference_asset(
     model=MODEL, max_tokens=16, warn_failed_rate=0.05, error_failed_rate=0.5)
 
 
+@pytest.mark.slow
 def test_an_echoed_key_reaches_no_event_metadata_check_output_or_file(tmp_path, monkeypatch,
                                                                        capfd, caplog):
     caplog.set_level(logging.DEBUG)

@@ -65,6 +65,7 @@ def _predictions(version: int) -> list:
     return fit_risk_model(version).predict(frame[FEATURES]).tolist()
 
 
+@pytest.mark.slow
 def test_a_moved_alias_marks_the_scores_stale_and_the_rerun_uses_the_new_version(setup):
     registry, features, model_asset, scores, sensor, llm = setup
     assets = [features, model_asset, scores]
@@ -117,6 +118,7 @@ def test_a_moved_alias_marks_the_scores_stale_and_the_rerun_uses_the_new_version
         assert resolver.get_status(scores.key) == StaleStatus.FRESH
 
 
+@pytest.mark.slow
 def test_partitioned_scores_keep_each_day_apart_and_the_sensor_reruns_each_day(setup):
     registry, features, model_asset, _, _, llm = setup
     days = dg.StaticPartitionsDefinition(DAYS)
@@ -148,6 +150,7 @@ def test_partitioned_scores_keep_each_day_apart_and_the_sensor_reruns_each_day(s
         assert metadata["batchllm/rows_cached"].value == 0
 
 
+@pytest.mark.slow
 def test_the_code_version_follows_the_model_version(setup):
     registry, features, model_asset, scores, _, _ = setup
     rebuilt = build_scoring_asset(name="churn_scores", source=features, model="churn",
@@ -162,6 +165,7 @@ def test_the_code_version_follows_the_model_version(setup):
     assert "version 2 when the definitions loaded" in moved.descriptions_by_key[moved.key]
 
 
+@pytest.mark.slow
 def test_observing_a_model_not_registered_yet_records_so_without_failing(tmp_path):
     """Training and observing in one run: the observation may come first (it cannot wait for
     the training step), and is then an observation of no version, not a failed run."""

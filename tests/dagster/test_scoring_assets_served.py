@@ -54,6 +54,7 @@ def _scored(scores, llm, instance):
     return metadata, result.output_for_node("churn_scores")
 
 
+@pytest.mark.slow
 def test_a_served_scoring_asset_follows_the_served_version(tmp_path):
     registry = two_risk_versions(tmp_path / "registry", "churn")
     expected = {v: fit_risk_model(v).predict(features()).tolist() for v in (1, 2)}

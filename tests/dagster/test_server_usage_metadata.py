@@ -10,6 +10,7 @@ from dagster_batchllm import Price, build_inference_asset
 MODEL = "sim-model"
 
 
+@pytest.mark.slow
 def test_metadata_of_a_run_whose_server_reported_negative_usage(sim, make_llm_resource,
                                                                 instance):
     import sqlalchemy as sa

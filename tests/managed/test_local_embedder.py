@@ -96,6 +96,7 @@ def test_calls_of_an_opening_kind_are_nearer_each_other(generator, calls, simila
         assert intra > inter + MIN_MARGIN, kind
 
 
+@pytest.mark.slow
 def test_vectors_are_unit_float32_and_deterministic(calls):
     texts = calls.transcript_raw_text.tolist()[:50]
     vectors = embed(texts)
@@ -151,6 +152,7 @@ def test_the_responder_exposes_it_for_an_embeddings_route():
     assert raised.value.status_code == 400
 
 
+@pytest.mark.slow
 def test_throughput_on_short_texts(calls):
     lines = [re.sub(r"^\w+:\s*", "", line) for text in calls.transcript_raw_text
              for line in text.split("\n") if 3 <= len(line.split()) <= 30]

@@ -119,6 +119,7 @@ def _agreement(predictions, which: int, field: str, expected: str) -> float:
     return sum(hits) / len(hits)
 
 
+@pytest.mark.slow
 def test_classifier_agreement_on_cleaned_text_and_summary(predictions):
     figures = {
         source: {

@@ -44,6 +44,7 @@ def agg_sim():
     yield from aggregating_endpoint()
 
 
+@pytest.mark.slow
 def test_the_same_sql_gives_the_same_answers_on_duckdb_and_spark(agg_sim, spark, make_settings,
                                                                  tmp_path):
     from dagster_batchllm.spark import register_ai_functions as register_spark

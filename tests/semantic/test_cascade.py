@@ -19,6 +19,7 @@ def _precision_recall(answer, truth):
     return hits / max(int(answer.eq(True).sum()), 1), hits / max(int(truth.eq(True).sum()), 1)
 
 
+@pytest.mark.slow
 def test_a_filter_cascade_meets_its_targets_and_a_rerun_sends_nothing(labelled_sim,
                                                                       make_client):
     df = tickets(3000)
@@ -43,6 +44,7 @@ def test_a_filter_cascade_meets_its_targets_and_a_rerun_sends_nothing(labelled_s
     assert again.table["passes"].tolist() == kept.table["passes"].tolist()
 
 
+@pytest.mark.slow
 def test_a_classify_cascade_meets_its_target(labelled_sim, make_client):
     df = tickets(2000, seed=5)
     result = classify_rows(make_client(labelled_sim), df, labels=LABELS, column="body",

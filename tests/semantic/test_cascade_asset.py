@@ -1,11 +1,13 @@
 """A cascade in a Dagster asset: its thresholds and measured figures in the metadata."""
 
 import dagster as dg
+import pytest
 
 from dagster_batchllm import BatchInferenceResource, Cascade
 from tests.semantic.cascade_helpers import ORACLE, PROXY, tickets
 
 
+@pytest.mark.slow
 def test_an_assets_cascade_figures_are_in_its_materialization(labelled_sim,
                                                                make_llm_resource):
     @dg.asset

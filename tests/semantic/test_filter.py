@@ -123,6 +123,7 @@ def test_a_batch_filter_is_refused_before_sending_where_it_cannot_be_kept(labell
     assert len(labelled_sim.batches()) == batches
 
 
+@pytest.mark.slow
 def test_a_cascade_through_a_batch_api_sends_the_oracles_rows_as_batches(
         labelled_sim, make_llm_resource, tmp_path):
     prices = {ORACLE: Price(input_per_mtok=2.0, output_per_mtok=6.0),

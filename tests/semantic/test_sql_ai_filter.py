@@ -27,6 +27,7 @@ def duck(labelled_sim, make_llm_resource):
     ai.close()
 
 
+@pytest.mark.slow
 def test_ai_filter_in_where_and_join_on_duckdb(duck, labelled_sim):
     con, _ = duck
     refunds = {i for i, t in enumerate(tickets(1200)["body"]) if TRUTH(t) == "refund"}
@@ -41,6 +42,7 @@ def test_ai_filter_in_where_and_join_on_duckdb(duck, labelled_sim):
                    f"'{ORACLE}'))").fetchall() == [(None, "BOOLEAN")]
 
 
+@pytest.mark.slow
 def test_a_cascade_in_duckdb_and_sqlite_gives_the_same_rows(duck, labelled_sim):
     con, ai = duck
     query = (f"SELECT ticket_id FROM tickets WHERE ai_filter('{PREDICATE}', body, "

@@ -112,6 +112,7 @@ def test_auth_and_scripted_api_faults():
             sim.script_batch_api("stall")  # only statuses, "ok" and "drop" make sense here
 
 
+@pytest.mark.slow
 def test_a_120000_line_file_streams_through(tmp_path):
     count = 120_000
     source = tmp_path / "big.jsonl"
@@ -164,6 +165,7 @@ def test_restart_mid_batch_answers_nothing_twice():
         sim.stop()
 
 
+@pytest.mark.slow
 def test_process_mode_batches_survive_restart():
     sim = SimulatedEndpoint(process=True, batch_stage_s=None, api_key="k")
     with sim:
@@ -187,6 +189,7 @@ def test_process_mode_batches_survive_restart():
     assert sim._proc is None
 
 
+@pytest.mark.slow
 def test_command_line_flags_for_the_new_apis(tmp_path):
     files_dir = tmp_path / "files"
     cmd = [sys.executable, "-m", "dagster_batchllm.simulator", "--port", "0",

@@ -260,6 +260,7 @@ def test_list_is_newest_first_and_pages(sim):
     sim.complete_batches()
 
 
+@pytest.mark.slow
 def test_time_driven_lifecycle():
     with SimulatedEndpoint(batch_stage_s=0.05) as sim:
         sim.configure(batch_in_progress_s=0.6)

@@ -175,6 +175,7 @@ def test_faults_fail_the_whole_request(fresh):
                                                 "bad_structured", "malformed"]
 
 
+@pytest.mark.slow
 def test_latency_is_per_request_whatever_its_size():
     # The latency is large beside what a loaded 2-core host adds to a request, so the upper
     # bounds below (each well under what the alternative would take) hold under load too.
@@ -214,6 +215,7 @@ def test_auth_and_rate_limit_cover_embeddings():
         assert sim.stats()["embeddings"]["by_status"] == {"401": 1, "200": 1, "429": 1}
 
 
+@pytest.mark.slow
 def test_process_mode_serves_the_same_vectors():
     options = dict(embedding_models=("e1", "e2"), embedding_dimensions=16,
                    max_inputs_per_request=2, embedding_base64=False)

@@ -153,6 +153,7 @@ def test_text_only_parts_are_unchanged(fresh):
     assert fresh.stats()["images"]["requests"] == 0
 
 
+@pytest.mark.slow
 def test_process_mode_carries_max_image_bytes():
     with SimulatedEndpoint(process=True, max_image_bytes=50) as sim:
         client = client_for(sim)

@@ -67,6 +67,7 @@ def test_the_socket_table_reader_sees_a_wildcard_listener():
         assert listening_addresses(loopback.getsockname()[1]) == {"127.0.0.1"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("process", [False, True], ids=["thread", "process"])
 def test_simulated_endpoint_binds_loopback_by_default_also_after_restart(process):
     assert inspect.signature(SimulatedEndpoint).parameters["host"].default == "127.0.0.1"
@@ -76,6 +77,7 @@ def test_simulated_endpoint_binds_loopback_by_default_also_after_restart(process
         assert_loopback_only(sim.base_url)
 
 
+@pytest.mark.slow
 def test_simulated_endpoint_command_line_binds_loopback_by_default():
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "dagster_batchllm.simulator", "--port", "0"],
@@ -89,6 +91,7 @@ def test_simulated_endpoint_command_line_binds_loopback_by_default():
         proc.stdout.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("process", [False, True], ids=["thread", "process"])
 def test_embedded_local_endpoint_binds_loopback_by_default(process):
     from dagster_batchllm.managed.classical import start_local_endpoint

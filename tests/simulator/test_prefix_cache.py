@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from dagster_batchllm.simulator.prefix_cache import BLOCK_CHARS, BLOCK_TOKENS, PrefixCache
 from dagster_batchllm.testing import SimulatedEndpoint, openai_client
 
@@ -68,6 +70,7 @@ def test_replies_report_cached_tokens_in_openais_field_and_stats_total_them():
         assert ask(client, "ticket five").usage.prompt_tokens_details.cached_tokens == 0
 
 
+@pytest.mark.slow
 def test_prefill_latency_falls_with_cached_tokens_in_a_subprocess_too():
     # 1,100 prompt tokens at 0.2 ms each: ~0.22 s uncached, ~0 once the instruction is cached.
     with SimulatedEndpoint(process=True, prefix_cache_tokens=50_000,

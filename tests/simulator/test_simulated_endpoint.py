@@ -214,6 +214,7 @@ def test_server_side_max_concurrency():
         assert stats["max_concurrent"] <= 4 and stats["ok"] == 20 and stats["in_flight"] == 0
 
 
+@pytest.mark.slow
 def test_stall_times_out_and_stop_is_quick():
     sim = SimulatedEndpoint().start()
     sim.script("stall", "stall")
@@ -276,6 +277,7 @@ def test_custom_responder_serves_its_models():
         assert ask(client_for(sim), "hey", model="loud").choices[0].message.content == "HEY"
 
 
+@pytest.mark.slow
 def test_process_mode_with_admin_routes():
     sim = SimulatedEndpoint(process=True, models=("a", "b"), latency_s=0.01)
     with sim:
@@ -296,6 +298,7 @@ def test_process_mode_with_admin_routes():
         ask(client, model="a")
 
 
+@pytest.mark.slow
 def test_abandoned_request_is_not_counted_as_answered():
     with SimulatedEndpoint(latency_s=0.3) as sim:
         with pytest.raises(openai.APITimeoutError):

@@ -84,6 +84,7 @@ def _check(run, example, engine):
         assert run.translated is not True or engine != "duckdb"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: e.name)
 def test_documented_example_on_duckdb(example, llm, tables):
     _check(run_on_duckdb(example, llm, tables), example, "duckdb")

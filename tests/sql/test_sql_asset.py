@@ -56,6 +56,7 @@ def test_asset_definitions():
                                          pipeline.specs_by_key[dg.AssetKey(SUMMARIES_TABLE)].deps}
 
 
+@pytest.mark.slow
 def test_sql_assets_materialize_and_rerun_from_the_ledger(sim, resources):
     result = _materialize(resources)
     assert result.success
@@ -110,6 +111,7 @@ def test_sql_assets_materialize_and_rerun_from_the_ledger(sim, resources):
     assert len(warehouse.read_partition(SUMMARIES_TABLE, DAY)) == len(raw)
 
 
+@pytest.mark.slow
 def test_sql_assets_share_answers_with_infer(sim, resources):
     """The query sends what ``infer`` sends for the Python variant, so the ledger serves it."""
     warehouse, llm = resources["warehouse"], resources["llm"]
@@ -125,6 +127,7 @@ def test_sql_assets_share_answers_with_infer(sim, resources):
     assert sim.stats()["requests"] == sent
 
 
+@pytest.mark.slow
 def test_failed_rows_are_data_not_a_failed_partition(sim, resources, tmp_path):
     resources["llm"] = _llm(sim, tmp_path, max_attempts=1)
     sim.script(500)
@@ -136,6 +139,7 @@ def test_failed_rows_are_data_not_a_failed_partition(sim, resources, tmp_path):
     assert _metadata(result, SUMMARIES_TABLE)["batchllm/rows_failed"] == 1
 
 
+@pytest.mark.slow
 def test_retry_sensor_finds_the_failed_rows_of_the_sql_defined_asset(sim, resources, tmp_path):
     """The AI functions record their rows under the summaries' asset key (not an empty scope),
     so the retry-partitions sensor built for that asset requests the partition again."""

@@ -91,6 +91,7 @@ def test_a_row_the_model_rejects_is_its_error_message(client, features):
     assert [p["result"] for i, p in enumerate(out) if i != 3] == expected(good)
 
 
+@pytest.mark.slow
 def test_the_seeds_plain_request_goes_to_the_models_only_input(tmp_path):
     registry = LocalRegistry(tmp_path / "registry")
     texts = ["i want my money back", "refund please", "this is terrible service",
