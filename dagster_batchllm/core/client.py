@@ -19,8 +19,6 @@ from typing import Any
 
 import pandas as pd
 
-from ..semantic.aggregate import aggregate_frame
-from ..semantic.filter import aclassify_rows, afilter_rows
 from .batch.mode import BatchModeCall, check_delivery, check_mode
 from .delivery.online import OnlineDelivery
 from .delivery.pool import EndpointPool
@@ -215,6 +213,10 @@ class InferenceClient:
         """One answer per group of ``df``'s rows, however many (``instruction=``, ``column=``,
         ``by=[...]``, ``model=``, ``max_tokens=`` ...), reduced level by level through
         :meth:`ainfer`: see :mod:`dagster_batchllm.semantic.aggregate`."""
+        # Imported on use: the operators and the AI-function catalogue under them cost about
+        # a third of this module's import, which every Spark executor and subprocess pays.
+        from ..semantic.aggregate import aggregate_frame
+
         return await aggregate_frame(self, df, **kwargs)
 
     def filter(self, df: Any, /, **kwargs: Any) -> Any:
@@ -225,6 +227,8 @@ class InferenceClient:
         """The rows of ``df`` that satisfy ``predicate=`` over ``columns=`` (``ai_filter``'s
         requests), a reason for every NULL answer; ``cascade=Cascade(...)`` pays the oracle
         only for the rows the proxy is unsure of: see :mod:`dagster_batchllm.semantic.filter`."""
+        from ..semantic.filter import afilter_rows  # on use, as aaggregate's
+
         return await afilter_rows(self, df, **kwargs)
 
     def classify(self, df: Any, /, **kwargs: Any) -> Any:
@@ -234,6 +238,8 @@ class InferenceClient:
     async def aclassify(self, df: Any, /, **kwargs: Any) -> Any:
         """Each row's label among ``labels=`` from ``column=`` (``ai_classify``'s requests),
         with a cascade as for :meth:`afilter`."""
+        from ..semantic.filter import aclassify_rows  # on use, as aaggregate's
+
         return await aclassify_rows(self, df, **kwargs)
 
     def estimate(self, df: Any, call: CallBase | None = None, /, task: str = "chat",

@@ -26,17 +26,7 @@ class Responder(Protocol):
 
     A responder that embeds also has ``embedding_models()`` and ``embed(model, texts,
     dimensions)`` returning a float32 matrix (see `dagster_batchllm.openai_server.embeddings`).
-
-    Example::
-
-        class Upper:
-            def models(self) -> list[str]:
-                return ["upper"]
-
-            def respond(self, model, messages, params) -> str:
-                return messages[-1]["content"].upper()
-
-        with ServedEndpoint(responder=Upper()) as endpoint: ...
+    `ServedEndpoint`'s docstring shows one served and called with the ``openai`` client.
     """
 
     def models(self) -> list[str]: ...

@@ -18,7 +18,6 @@ from ..core.settings import InferenceSettings
 class SparkBinding(Protocol):
     """What the DataFrame API reads of a :class:`~dagster_batchllm.spark.session.SparkAI`."""
 
-    spark: Any
     settings: InferenceSettings
     worker_settings: InferenceSettings
     token_budget: int | None
