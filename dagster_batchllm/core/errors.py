@@ -75,9 +75,16 @@ class LedgerVanishedError(BatchLLMError):
         self.path = path
 
 
-class ClaimsUnavailableError(BatchLLMError):
+class LedgerUnwritable(BatchLLMError):
+    """The ledger database could not be written for ``ledger_outage_s``: the run stops
+    sending, the answers it received stay in its journal (the next run writes them), and the
+    message names the database and the last error."""
+
+
+class ClaimsUnavailableError(LedgerUnwritable):
     """The ledger database could not take this run's claims on its requests (which keep runs
-    sharing a ledger from paying twice) for the outage bound: the run stops sending."""
+    sharing a ledger from paying twice) for the outage bound: the same outage as a write that
+    fails, found by the claim first."""
 
 
 class RowError(BatchLLMError):

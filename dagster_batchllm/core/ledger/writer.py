@@ -30,7 +30,7 @@ from typing import Any
 
 import tenacity
 
-from ..errors import LedgerVanishedError
+from ..errors import LedgerUnwritable, LedgerVanishedError
 from .db_timeouts import round_trips_at_most
 from .journal import AnswerJournal, JournalDirectory
 from .stores import check_ledger_file, redact_url
@@ -54,10 +54,6 @@ def database_away(exc: BaseException) -> bool:
     return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError,
                             sa.exc.DisconnectionError)) or getattr(
         exc, "connection_invalidated", False)
-
-
-class LedgerUnwritable(Exception):
-    """Ledger writes keep failing: the run stops sending (infer() then raises the error)."""
 
 
 class LedgerWriter:

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from ..delivery.pool import Allocation, EndpointPool
-from ..errors import ClaimsUnavailableError
+from ..errors import ClaimsUnavailableError, LedgerUnwritable
 from ..ledger.stores import redact_url
 from ..ledger.table import Ledger
 from ..ledger.writer import database_away
@@ -70,6 +70,10 @@ class RunCoordination(Generic[Item]):
         # False while the run only waits for parked requests: its share of each endpoint
         # goes to the runs that send them (see RunCoordinator.heartbeat).
         self.sending = True
+        # Why the ledger writer gave up on the database, if it has (the engine sets it): the
+        # claims share that database, so the claim loop stops then instead of waiting out an
+        # outage clock of its own that started later.
+        self.writer_gave_up: Callable[[], Exception | None] = lambda: None
 
     @classmethod
     async def join(cls, settings: InferenceSettings, ledger: Ledger, pool: EndpointPool, *,
@@ -151,12 +155,19 @@ class RunCoordination(Generic[Item]):
                 down_s = now - failing_since
                 others = 0 if database_away(exc) else others + 1
                 reason = f"{type(exc).__name__}: {str(exc)[:300]}"
+                given_up = self.writer_gave_up()
+                if isinstance(given_up, LedgerUnwritable):
+                    raise given_up from exc
+                if given_up is not None:
+                    raise ClaimsUnavailableError(
+                        f"not sent: the ledger cannot be written ({given_up})") from exc
                 if others >= _MAX_OTHER_CLAIM_FAILURES or down_s >= self.outage_s:
                     raise ClaimsUnavailableError(
-                        f"claiming {len(keys)} requests in {self.where} failed for "
-                        f"{down_s:.0f} s (last error: {reason}); nothing more was sent, so no "
-                        "request is paid twice; the answers received are written to the "
-                        "ledger, and a rerun sends the rest") from exc
+                        f"the ledger database {self.where} could not be written for "
+                        f"{down_s:.0f} s (claiming {len(keys)} requests; last error: "
+                        f"{reason}); nothing more was sent, so no request is paid twice; the "
+                        "answers received are kept in the journal and written by the next "
+                        "run, which sends the rest") from exc
                 if down_s >= 1.0 and now - warned_at >= _WARN_EVERY_S:
                     # A deadlock's retry succeeds at once; only a streak is worth a line.
                     warned_at = now

@@ -29,9 +29,9 @@ from typing import Any
 from ..delivery.base import Attempts, Delivery
 from ..delivery.limits import CostBudget, TokenBudget
 from ..delivery.pool import EndpointPool
-from ..errors import DeferredError, InternalError, RowError
+from ..errors import DeferredError, InternalError, LedgerUnwritable, RowError
 from ..ledger.table import OK, Ledger
-from ..ledger.writer import LedgerUnwritable, LedgerWriter
+from ..ledger.writer import LedgerWriter
 from ..results import InferenceStats, RowStatus
 from ..settings import InferenceSettings
 from ..tasks.base import Task
@@ -46,6 +46,8 @@ _MAX_WORKERS = 8192
 # A stopping run (cancelled, interrupted, terminated) writes its answers for at most this long;
 # what is not written by then stays in the journal for the next run.
 _STOP_FLUSH_S = 3.0
+# What ends a run before its rows are done: a stop, or a ledger database given up on.
+_CUT_SHORT = (asyncio.CancelledError, KeyboardInterrupt, SystemExit, LedgerUnwritable)
 # The hot path's: a member of an enum class costs a lookup through the enum's machinery.
 _CACHED, _FAILED = RowStatus.CACHED, RowStatus.FAILED
 
@@ -136,11 +138,12 @@ class InferenceRun(RowOutcomes, RunBudgets):
             if coordination is not None:  # claims end in the write of their answers
                 self._writer.in_write = coordination.release_in
                 coordination.before_takeover = self._writer.fold_abandoned
+                coordination.writer_gave_up = lambda: self._writer.error
         except BaseException:
             self._writer.close_journals(remove=True)  # nothing was sent
             raise
         written = False
-        stopping: BaseException | None = None
+        ended_by: BaseException | None = None
         try:
             await self.delivery.open(self._writer)
             background = [asyncio.create_task(self._writer.run()),
@@ -151,8 +154,10 @@ class InferenceRun(RowOutcomes, RunBudgets):
             try:
                 await self._produce(queue, workers_n)
                 await asyncio.gather(*workers)
-            except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
-                stopping = exc
+            except _CUT_SHORT as exc:
+                ended_by = exc
+                if isinstance(exc, LedgerUnwritable):
+                    raise
                 in_flight = self.delivery.requests_in_flight
                 cancelled = (f"{in_flight} requests in flight are cancelled (a rerun sends "
                              "them)" if in_flight is not None else
@@ -163,12 +168,21 @@ class InferenceRun(RowOutcomes, RunBudgets):
                 raise
             finally:
                 await self._stop_tasks(workers, background)
-                # On a stop the last write gets a few seconds; what it cannot write in them
-                # stays in the journal, which the next run folds into the ledger.
-                await asyncio.shield(asyncio.to_thread(
-                    self._writer.flush_remaining,
-                    within_s=_STOP_FLUSH_S if stopping is not None else None))
-                written = True
+                # On a stop, or with the database given up on already, the last write gets a
+                # few seconds; what it cannot write in them stays in the journal, which the
+                # next run folds into the ledger. Its failure then does not hide why the run
+                # ended: that error goes on, the failed write noted on it.
+                try:
+                    await asyncio.shield(asyncio.to_thread(
+                        self._writer.flush_remaining,
+                        within_s=_STOP_FLUSH_S if ended_by is not None else None))
+                except Exception as exc:
+                    if ended_by is None:
+                        raise
+                    ended_by.add_note(f"batchllm: the last ledger write failed too: "
+                                      f"{type(exc).__name__}: {str(exc)[:300]}")
+                else:
+                    written = True
         finally:
             # Also when the last write fails: close connections, leave the other runs.
             self._writer.close_journals(remove=written)
