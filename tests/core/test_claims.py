@@ -18,7 +18,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from dagster_batchllm.core.errors import ClaimsUnavailableError
+from dagster_batchllm.core.errors import ClaimsUnavailableError, LedgerUnwritable
 from dagster_batchllm.core.ledger.table import Ledger
 from dagster_batchllm.core.run.coordination import RunCoordination
 from dagster_batchllm.core.run.coordinator import RunCoordinator
@@ -146,6 +146,20 @@ def test_claims_failing_past_the_outage_bound_fail_the_run_naming_the_database()
     assert "postgresql://ledger-host/db" in message and "150 s" in message
     assert "nothing more was sent" in message
     assert coordinator.calls == 4  # failed at 50, 100, 150, 200 s: 150 s past the first
+
+
+def test_claims_stop_as_soon_as_the_ledger_writer_has_given_up_on_the_database():
+    # The writer's outage clock starts at its first failed write, before the claims fail: the
+    # claim loop must not wait out a clock of its own after the writer has given up.
+    given_up = LedgerUnwritable("the ledger database postgresql://ledger-host/db could not be "
+                                "written for 121 s")
+    coordinator = _FailingCoordinator([_deadlock()] * 10)
+    coordination = _coordination(coordinator, outage_s=120.0)
+    coordination.writer_gave_up = lambda: given_up if coordinator.calls >= 2 else None
+    with pytest.raises(LedgerUnwritable) as raised:
+        asyncio.run(coordination.claim(["a"], clock=lambda: 0.0))
+    assert raised.value is given_up  # the writer's reason, not a second clock's
+    assert coordinator.calls == 2
 
 
 def test_failures_waiting_cannot_fix_stop_after_a_few():
