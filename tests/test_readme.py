@@ -151,7 +151,7 @@ def test_the_yaml_blocks_load_as_components(page):
                 if group:
                     assert next(iter(asset.specs)).group_name == group
                 if "resource" in attributes:
-                    assert "llm" in defs.resources
+                    assert attributes.get("resource_key", "llm") in defs.resources
 
 
 def test_the_bash_block_runs_the_example_on_the_given_endpoints(endpoints, tmp_path):

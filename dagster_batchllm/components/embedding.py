@@ -26,7 +26,7 @@ from .attributes import (
     values,
     with_attributes,
 )
-from .resource_attributes import ResolvedResource
+from .resource_attributes import DeclaresResource, ResolvedResource, provided_resources
 
 # EmbedCall's fields that each run sets (the asset's key, the run's partition), not YAML.
 CALL_ATTRIBUTES = call_field_attributes(EmbedCall, frozenset({"scope", "partition_key"}))
@@ -35,7 +35,7 @@ FACTORY_ATTRIBUTES = factory_option_attributes(build_embedding_asset)
 
 @dataclass
 @with_attributes(CALL_ATTRIBUTES, FACTORY_ATTRIBUTES)
-class BatchEmbeddingComponent(dg.Component, dg.Resolvable):
+class BatchEmbeddingComponent(dg.Component, dg.Resolvable, DeclaresResource):
     """One embedding (a float32 vector) per row of an upstream table, declared in YAML.
 
     The attributes are those of :func:`~dagster_batchllm.build_embedding_asset`: the call's
@@ -74,6 +74,5 @@ class BatchEmbeddingComponent(dg.Component, dg.Resolvable):
             **values(self, FACTORY_ATTRIBUTES), mode=self.mode, wait=self.wait,
             deadline=parse_duration(f"BatchEmbeddingComponent '{self.name}'", self.deadline),
             **self.call_attributes())
-        resources = {} if self.resource is None else {self.resource_key: self.resource}
         return dg.Definitions(assets=[*external_source_specs(self), asset],
-                              resources=resources)
+                              resources=provided_resources(self, context))

@@ -30,7 +30,7 @@ from .attributes import (
     values,
     with_attributes,
 )
-from .resource_attributes import ResolvedResource
+from .resource_attributes import DeclaresResource, ResolvedResource, provided_resources
 from .scaffolder import InferenceScaffolder
 
 # InferenceCall's fields that each run sets (the asset's key, the run's partition), not YAML.
@@ -78,7 +78,7 @@ class BatchCollectSensorArgs(dg.Resolvable):
 @dg.scaffold_with(InferenceScaffolder)
 @dataclass
 @with_attributes(CALL_ATTRIBUTES, FACTORY_ATTRIBUTES)
-class BatchInferenceComponent(dg.Component, dg.Resolvable):
+class BatchInferenceComponent(dg.Component, dg.Resolvable, DeclaresResource):
     """Batch LLM inference over an upstream table, declared in YAML.
 
     The attributes are those of :func:`build_inference_asset`: the call's (``prompt``,
@@ -164,6 +164,7 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
             mode=self.mode, wait=self.wait,
             deadline=parse_duration(f"BatchInferenceComponent '{self.name}'", self.deadline),
             **self.call_attributes())
+        resources = provided_resources(self, context)
         sensors = [] if self.retry_partitions is None else [self._retry_sensor(asset)]
         if self.batch_collect is not None:
             if self.resource is None:
@@ -171,11 +172,10 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable):
                     f"BatchInferenceComponent '{self.name}': batch_collect needs the "
                     "component's resource (the sensor polls its batch endpoints).")
             sensors.append(build_batch_collect_sensor(
-                asset, resource=self.resource,
+                asset, resource=resources[self.resource_key],
                 minimum_interval_seconds=self.batch_collect.minimum_interval_seconds,
                 default_status=(dg.DefaultSensorStatus.RUNNING if self.batch_collect.running
                                 else dg.DefaultSensorStatus.STOPPED)))
-        resources = {} if self.resource is None else {self.resource_key: self.resource}
         return dg.Definitions(assets=[*external_source_specs(self), asset], sensors=sensors,
                               resources=resources)
 

@@ -58,22 +58,49 @@ def _yaml_field(info: FieldInfo) -> Any:
     return Field(default=info.default, description=info.description)
 
 
-# The resources the Components resolved, one per configuration. Dagster merges the Components'
-# definitions only where a key holds the same object (an equal one is "different resources
-# with same key"), so two defs.yaml declaring the same resource share one.
-_RESOLVED: list[BatchInferenceResource] = []
-
-
 def resolve_resource(context: dg.ResolutionContext,
                      attributes: BaseModel | None) -> BatchInferenceResource | None:
     if attributes is None:
         return None
-    resource = BatchInferenceResource(**_config_values(context, attributes))
-    for resolved in _RESOLVED:
-        if resolved == resource:
-            return resolved
-    _RESOLVED.append(resource)
-    return resource
+    return BatchInferenceResource(**_config_values(context, attributes))
+
+
+class DeclaresResource:
+    """A Component that may declare the resource its asset uses: its attributes ``name``,
+    ``resource`` (None: the project provides it) and ``resource_key``.
+    :func:`provided_resources` finds the others of the project by this class (a marker: no
+    annotations here, so the Component's YAML model stays its own)."""
+
+
+def provided_resources(component: Any, context: dg.ComponentLoadContext
+                       ) -> dict[str, BatchInferenceResource]:
+    """The resources ``component`` provides: its resource under its key, as the same object as
+    every other Component of the project that declares an equal one under that key.
+
+    Dagster merges the Components' definitions only where a key holds the same object (an
+    equal one is "different resources with same key"), so the first such Component in the
+    project's order provides the object; one that declares another configuration under the same
+    key is refused, naming both and the way out (another ``resource_key``)."""
+    resource, key = component.resource, component.resource_key
+    if resource is None:
+        return {}
+    for other in context.component_tree.get_all_components(DeclaresResource):
+        if other is component:
+            break
+        if other.resource is None or other.resource_key != key:
+            continue
+        if other.resource != resource:
+            raise dg.DagsterInvalidDefinitionError(
+                f"{_named(component)} and {_named(other)} both declare a resource under the key "
+                f"'{key}', configured differently (one key holds one resource). Give one of "
+                f"them another key: resource_key: {component.name}_llm (its asset then uses "
+                "that resource), or declare the same resource in both.")
+        return {key: other.resource}
+    return {key: resource}
+
+
+def _named(component: Any) -> str:
+    return f"{type(component).__name__} '{component.name}'"
 
 
 def _config_values(context: dg.ResolutionContext, value: Any) -> Any:

@@ -30,7 +30,7 @@ from .attributes import (
     values,
     with_attributes,
 )
-from .resource_attributes import ResolvedResource
+from .resource_attributes import DeclaresResource, ResolvedResource, provided_resources
 from .scaffolder import ScoringScaffolder
 
 # The factory's keywords every asset factory shares (name, source, partitions, checks, ...).
@@ -69,7 +69,7 @@ class AliasSensorArgs(dg.Resolvable):
 @dg.scaffold_with(ScoringScaffolder)
 @dataclass
 @with_attributes(FACTORY_ATTRIBUTES)
-class ModelScoringComponent(dg.Component, dg.Resolvable):
+class ModelScoringComponent(dg.Component, dg.Resolvable, DeclaresResource):
     """Scores an upstream table with a traditional ML model (MLflow), declared in YAML.
 
     The attributes are those of :func:`~dagster_batchllm.build_scoring_asset`, Dagster's
@@ -150,10 +150,9 @@ class ModelScoringComponent(dg.Component, dg.Resolvable):
                 rerun=args.rerun,
                 default_status=(dg.DefaultSensorStatus.RUNNING if args.running
                                 else dg.DefaultSensorStatus.STOPPED)))
-        resources = {} if self.resource is None else {self.resource_key: self.resource}
         assets = [*external_source_specs(self), model_asset, asset]
         return dg.Definitions(assets=[a for a in assets if a is not None], sensors=sensors,
-                              resources=resources)
+                              resources=provided_resources(self, context))
 
     def _watched(self, where: str) -> tuple[str, str | None]:
         """model_version's URI and registry, from the resource where the YAML leaves them out."""

@@ -75,7 +75,10 @@ class AssetOptions:
         "single_run with partition_column and one partition per run without.", None)
     transform: Callable[[Any], Any] | None = _option(
         "A function applied to the output table before it is written.", None, yaml=False)
-    resource_key: str = _option("The key of the BatchInferenceResource the asset uses.", "llm")
+    resource_key: str = _option(
+        "The key of the BatchInferenceResource the asset uses (a Component that declares its "
+        "resource provides it under this key; a differently configured one needs another).",
+        "llm")
     io_manager_key: str | None = _option("The IO manager that stores the output table.", None)
     group_name: str | None = _option("Dagster's group_name.", None, yaml=False)
     description: str | None = _option(
