@@ -342,3 +342,15 @@ class InferenceClient:
                            max_reply_bytes=settings.max_reply_bytes),
             route=task.route, route_models=task.route_models(settings), parse=task.parse_reply,
             log=log))
+
+
+def token_reservations(client: InferenceClient, df: Any, call: CallBase) -> tuple[int, int]:
+    """What a run of ``call`` over ``df`` reserves from a token budget, summed over its
+    distinct requests (those the ledger answers included), and its largest reservation: what a
+    budget shared by several processes (Spark's tasks) is claimed for before the run. Nothing
+    is sent. (Not a verb of the client: only such a shared budget needs it.)"""
+    call, frame = client._bind(df, call)
+    task = run_sync(task_type_for(call).prepare(call, frame, client))
+    distinct, _invalid, _repeated = distinct_requests(task.requests(row_tuples(frame)))
+    sizes = [item.reserve_tokens for item in distinct.values()]
+    return sum(sizes), max(sizes, default=0)

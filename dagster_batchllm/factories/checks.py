@@ -19,8 +19,8 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )
 
-from ..core.error_kinds import ErrorKind, describe_errors, unretryable_rows
-from ..core.results import InferenceStats
+from ..core import InferenceStats
+from .error_kinds import ErrorKind, describe_errors, unretryable_rows
 
 FAILED_ROW_RATE = "failed_row_rate"
 ROW_COUNT_MATCHES_INPUT = "row_count_matches_input"

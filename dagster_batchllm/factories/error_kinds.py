@@ -2,8 +2,9 @@
 
 The one home of "retryable per error type" for the Dagster layer: the asset's metadata and
 checks, and the retry-partitions sensor, all say it with these words. (Transport-level retries
-inside one run follow :mod:`.errors`' ``retryable`` flags; this is about running a partition
-again later.)
+inside one run follow the ``retryable`` flags of :mod:`dagster_batchllm.core.errors`; this is
+about running a partition again later. It lives here, not in the core, because only this layer
+reads it.)
 
 Example::
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from .errors import ErrorType
+from ..core import ErrorType
 
 
 class ErrorKind(Enum):

@@ -29,9 +29,8 @@ from typing import Any
 
 import dagster as dg
 
-from ..core.error_kinds import describe_errors, kind_of, unretryable_rows
-from ..core.errors import ErrorType
-from ..core.results import InferenceResult, InferenceStats
+from ..core import ErrorType, InferenceResult, InferenceStats
+from .error_kinds import describe_errors, kind_of, unretryable_rows
 
 # model -> (USD per 1M prompt tokens, USD per 1M completion tokens), None when not priced
 PriceFor = Callable[[str], "tuple[float, float] | None"]

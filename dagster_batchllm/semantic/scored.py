@@ -19,12 +19,14 @@ import json
 import math
 from typing import Any, NamedTuple
 
-from ..core.delivery.transport import completion_from_payload, json_reply
-from ..core.errors import StructuredOutputError
-from ..core.requests import Completion
-from ..core.tasks.base import register_task
-from ..core.tasks.chat.call import InferenceCall
-from ..core.tasks.chat.task import ChatTask
+from ..core import (
+    ChatTask,
+    Completion,
+    InferenceCall,
+    StructuredOutputError,
+    json_reply,
+    register_task,
+)
 
 TOP_LOGPROBS = 2  # the answer and its best alternative: all a confidence needs
 
@@ -56,7 +58,7 @@ class ScoredChatTask(ChatTask):
         return self.read_line(json_reply(raw, endpoint), endpoint=endpoint, latency_s=latency_s)
 
     def read_line(self, payload: Any, *, endpoint: str, latency_s: float) -> Completion:
-        completion = completion_from_payload(payload, endpoint=endpoint, latency_s=latency_s)
+        completion = super().read_line(payload, endpoint=endpoint, latency_s=latency_s)
         tokens = _token_logprobs(payload["choices"][0].get("logprobs"))
         envelope = json.dumps({"content": completion.content, "logprobs": tokens},
                               ensure_ascii=False, separators=(",", ":"))

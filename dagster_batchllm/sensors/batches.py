@@ -3,7 +3,7 @@
 An asset with ``mode="batch_api", wait=False`` ends its run once the batches are submitted,
 its rows deferred "waiting for batch <id>" (recorded by the batch book; rows whose keys were in
 another run's batch, by a deferred ledger record naming it). Each tick this sensor reads which
-partitions of the asset wait for which batches (``waiting_for_batches``), polls those batches
+partitions of the asset wait for which batches (``poll_waiting_partitions``), polls those batches
 at the provider (a ``batches.retrieve`` each, recorded in the batch book) and requests one run
 per partition whose batches have all ended, tagged ``batchllm/collect``. That run collects
 the answers and submits nothing, except lines a retry may fix (429, 5xx, an expired batch's
@@ -29,17 +29,11 @@ from typing import Any
 
 import dagster as dg
 
-from ..core.batch.deadline import iso
-from ..core.delivery.batch_api.book import COLLECTED, ENDED, SUBMIT_FAILED, BatchBook
-from ..core.delivery.batch_api.collect import BatchCollector
-from ..core.delivery.batch_api.protocol import protocol_for
-from ..core.delivery.batch_api.waits import waiting_for_batches
-from ..core.ledger.table import Ledger
+from ..core import poll_waiting_partitions
 from ..factories.deadlines import DEADLINE_TAG
 from .common import _missing_sqlite_file, watched_asset
 
 BATCH_COLLECT_TAG = "batchllm/collect"
-_DONE = (*ENDED, COLLECTED, SUBMIT_FAILED, "collecting")
 
 
 def build_batch_collect_sensor(
@@ -84,48 +78,27 @@ def build_batch_collect_sensor(
         settings = resource.to_settings()
         if _missing_sqlite_file(settings.store_url or "sqlite://"):
             return dg.SensorResult(skip_reason=f"No run of {scope} has written its ledger yet.")
-        ledger = Ledger(settings.store_url, settings.ledger_table)
-        try:
-            waits = waiting_for_batches(ledger, scope)
-            if not waits:
-                return dg.SensorResult(
-                    skip_reason=f"No partition of {scope} waits for a batch.")
-            protocols = {e.name: protocol_for(e) for e in settings.endpoints if e.batch_api}
-            try:
-                book = BatchBook(ledger)
-                switch_times = book.switch_times(scope)
-                BatchCollector(book, protocols, log=context.log).refresh_blocking(
-                    collect=False)
-                status = {}
-                for row in book.unfinished(protocols):
-                    status[row["submission_id"]] = row["status"]
-                    if row["batch_id"]:
-                        status[row["batch_id"]] = row["status"]
-            finally:
-                for protocol in protocols.values():
-                    protocol.close()
-        finally:
-            ledger.dispose()
+        waits = poll_waiting_partitions(settings, scope, log=context.log)
+        if not waits:
+            return dg.SensorResult(skip_reason=f"No partition of {scope} waits for a batch.")
         requests, waiting, now = [], [], time.time()
-        for partition in sorted(waits):
-            names = sorted(waits[partition])
-            # A batch no longer unfinished in the book was collected (or never created).
-            pending = [n for n in names if status.get(n, COLLECTED) not in _DONE]
-            switch_at = switch_times.get(partition)
-            if pending and switch_at is not None and now >= switch_at:
+        for wait in waits:
+            partition, names = wait.partition, sorted(wait.batches)
+            if wait.switch_due(now):
                 context.log.info(f"{scope} partition {partition}: the deadline's switch time "
-                                 f"{iso(switch_at)} has come; its run sends the rows the "
+                                 f"{wait.switch_time} has come; its run sends the rows the "
                                  "batches have not answered online")
                 requests.append(dg.RunRequest(
-                    run_key=f"{partition}|deadline|{switch_at:.3f}", partition_key=partition,
-                    asset_selection=selection, tags={DEADLINE_TAG: "true"}))
+                    run_key=f"{partition}|deadline|{wait.switch_at:.3f}",
+                    partition_key=partition, asset_selection=selection,
+                    tags={DEADLINE_TAG: "true"}))
                 continue
-            if pending:
-                switch = f"; online at {iso(switch_at)}" if switch_at is not None else ""
-                waiting.append(f"{partition} ({', '.join(f'{n} {status[n]}' for n in pending)}"
-                               f"{switch})")
+            if wait.pending:
+                switch = f"; online at {wait.switch_time}" if wait.switch_at is not None else ""
+                pending = ", ".join(f"{n} {status}" for n, status in wait.pending.items())
+                waiting.append(f"{partition} ({pending}{switch})")
                 continue
-            rows = sum(waits[partition].values())
+            rows = sum(wait.batches.values())
             context.log.info(f"{scope} partition {partition}: batches {', '.join(names)} "
                              f"ended; collecting {rows} rows")
             requests.append(dg.RunRequest(

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import sqlalchemy as sa
 
-from ..core.error_kinds import kind_of
-from ..core.ledger.stores import normalize_store_url, redact_url
+from ..core import InferenceConfigError, StoreLocation
+from ..factories.error_kinds import kind_of
 
 # How many of an asset's latest materializations a sensor reads, newest first.
 MATERIALIZATIONS_SCANNED = 500
@@ -25,20 +24,14 @@ NEW_DATA_CURSOR_TAG = "batchllm/new_data_cursor"
 
 def _in_memory_url(url: str) -> bool:
     try:
-        parsed = sa.engine.make_url(normalize_store_url(url))
-    except sa.exc.ArgumentError:
-        raise dg.DagsterInvalidDefinitionError(
-            f"{redact_url(url)} is not a SQLAlchemy URL (e.g. sqlite:///path/to/file.db or "
-            "postgresql+psycopg://user@host/db)."
-        ) from None
-    return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
+        return StoreLocation.of(url).in_memory
+    except InferenceConfigError as exc:
+        raise dg.DagsterInvalidDefinitionError(str(exc)) from None
 
 
 def _missing_sqlite_file(url: str) -> bool:
-    parsed = sa.engine.make_url(normalize_store_url(url))
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-        return False
-    return not Path(parsed.database).exists()
+    sqlite_file = StoreLocation.of(url).sqlite_file
+    return sqlite_file is not None and not Path(sqlite_file).exists()
 
 
 def _valid_partitions(partitions_def: dg.PartitionsDefinition, keys: Iterable[str],

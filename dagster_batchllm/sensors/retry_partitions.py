@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import dagster as dg
 
@@ -18,12 +18,14 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
     UnresolvedAssetJobDefinition,
 )
 
-from ..core.error_kinds import describe_errors, kind_of
-from ..core.errors import InferenceConfigError
-from ..core.ledger.deferrals import waiting_in_ledger
-from ..core.ledger.stores import validate_identifier
-from ..core.ledger.table import DEFERRED, FAILED, Ledger
-from ..core.settings import DEFAULT_LEDGER_TABLE
+from ..core import (
+    DEFAULT_LEDGER_TABLE,
+    InferenceConfigError,
+    Ledger,
+    unfinished_partitions,
+    validate_identifier,
+)
+from ..factories.error_kinds import describe_errors, kind_of
 from .common import (
     RETRY_ROUND_TAG,
     RETRY_TAG,
@@ -194,16 +196,16 @@ def build_retry_partitions_sensor(
                 entry["exhausted"] = True
                 exhausted.append(partition)
                 context.log.warning(
-                    f"{scope} partition {partition} still has {counts[FAILED]} failed and "
-                    f"{counts[DEFERRED]} deferred rows after {max_rounds} retry round(s); the "
+                    f"{scope} partition {partition} still has {counts.failed} failed and "
+                    f"{counts.deferred} deferred rows after {max_rounds} retry round(s); the "
                     "sensor gives up on it. Materialize it by hand once the cause is fixed."
                 )
                 observations.append(dg.AssetObservation(
                     asset_key=key, partition=partition,
                     metadata={"batchllm/retry_exhausted": True,
                               "batchllm/retry_rounds": max_rounds,
-                              "batchllm/rows_failed": counts[FAILED],
-                              "batchllm/rows_deferred": counts[DEFERRED]},
+                              "batchllm/rows_failed": counts.failed,
+                              "batchllm/rows_deferred": counts.deferred},
                 ))
                 continue
             next_round = entry["rounds"] + 1
@@ -218,7 +220,7 @@ def build_retry_partitions_sensor(
             ))
             context.log.info(
                 f"Retry round {next_round}/{max_rounds} of {scope} partition {partition}: "
-                f"{counts[FAILED]} failed and {counts[DEFERRED]} deferred rows."
+                f"{counts.failed} failed and {counts.deferred} deferred rows."
             )
 
         new_cursor = json.dumps(cursor, sort_keys=True)
@@ -241,27 +243,25 @@ def build_retry_partitions_sensor(
     )
 
 
+class _RetryRows(NamedTuple):
+    failed: int  # failed rows a retry may fix
+    deferred: int
+
+
 def _retry_work(ledger: Ledger, scope: str
-                ) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
-    """The partitions with rows a retry may fix (``{partition: {failed, deferred}}``), and
-    those with failed rows no retry can fix (``{partition: {error_type: rows}}``)."""
-    counts = ledger.partitions_needing_retry(scope=scope)
-    failed_types = ledger.failed_by_error_type(scope=scope)
-    # Rows waiting in a provider's batch are not retried: the batch-collect sensor runs their
-    # partition when the batch ends (a retry now would only wait for it, and use up a round).
-    # Those whose lines are their own partition's have no deferred record to count at all.
-    in_batches = {p: sum(names.values()) for p, names in waiting_in_ledger(ledger, scope).items()}
-    needing: dict[str, dict[str, int]] = {}
+                ) -> tuple[dict[str, _RetryRows], dict[str, dict[str, int]]]:
+    """The partitions with rows a retry may fix, and those with failed rows no retry can fix
+    (``{partition: {error_type: rows}}``). Rows waiting in a provider's batch are not retried
+    (the core leaves them out): a retry now would only wait for the batch, and use up a round."""
+    needing: dict[str, _RetryRows] = {}
     unfixable: dict[str, dict[str, int]] = {}
-    for partition, by_status in counts.items():
-        types = failed_types.get(partition, {})
-        retryable = sum(n for t, n in types.items() if kind_of(t).retryable)
-        cannot = {t: n for t, n in types.items() if not kind_of(t).retryable}
+    for partition, rows in unfinished_partitions(ledger, scope).items():
+        retryable = sum(n for t, n in rows.failed.items() if kind_of(t).retryable)
+        cannot = {t: n for t, n in rows.failed.items() if not kind_of(t).retryable}
         if cannot:
             unfixable[partition] = cannot
-        deferred = by_status[DEFERRED] - in_batches.get(partition, 0)
-        if retryable or deferred:
-            needing[partition] = {FAILED: retryable, DEFERRED: deferred}
+        if retryable or rows.deferred:
+            needing[partition] = _RetryRows(retryable, rows.deferred)
     return needing, unfixable
 
 

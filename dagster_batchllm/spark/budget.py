@@ -34,9 +34,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..core.errors import InferenceConfigError
-from ..core.ledger.stores import validate_identifier
-from ..core.ledger.table import Ledger
+from ..core import InferenceConfigError, Ledger, StoreLocation, validate_identifier
 
 
 def _budget_table(ledger_table: str) -> sa.Table:
@@ -56,9 +54,7 @@ def _budget_table(ledger_table: str) -> sa.Table:
 
 def require_shared_store(store_url: str | None, what: str) -> str:
     """What Spark tasks share through the ledger needs a database they all reach."""
-    parsed = sa.engine.make_url(store_url) if store_url else None
-    if parsed is None or (parsed.get_backend_name() == "sqlite"
-                          and parsed.database in (None, "", ":memory:")):
+    if not store_url or StoreLocation.of(store_url).in_memory:
         raise InferenceConfigError(
             f"Spark tasks share {what} through the ledger database, so store_url must be one "
             "every executor reaches: PostgreSQL on a cluster, or a SQLite file in local mode "

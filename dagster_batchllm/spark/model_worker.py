@@ -19,13 +19,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..core.run.gc_pacing import fewer_collections
-from ..core.settings import InferenceSettings
-from ..core.tasks.predict.call import PredictCall
-from ..core.tasks.predict.keyed import score_keyed
-from ..core.tasks.predict.keyed_writes import BackgroundWrites
-from ..core.tasks.predict.models import IN_PROCESS, ResolvedModel, load_model
-from ..core.tasks.predict.scoring import predict_isolating_errors
+from ..core import (
+    BackgroundWrites,
+    InferenceSettings,
+    PredictCall,
+    ResolvedModel,
+    fewer_collections,
+    load_model,
+    predict_isolating_errors,
+    score_keyed,
+)
 from .worker import client_for
 
 RESULT_FIELD, ERROR_FIELD = "result", "errorMessage"
@@ -48,7 +51,7 @@ class ModelJob:
     @property
     def keyed(self) -> bool:
         """Whether batches are scored by :func:`score_keyed` (every model in process)."""
-        return self.use_ledger and all(m.kind == IN_PROCESS for _, m in self.models)
+        return self.use_ledger and all(not m.served for _, m in self.models)
 
     def background_writes(self) -> BackgroundWrites | None:
         """A writer thread for one task's batches (see :mod:`~.predict.keyed_writes`)."""
@@ -142,7 +145,7 @@ def _unusable(name: Any, model: ResolvedModel | None, column: str | None) -> str
         return f"unsupported_model: unknown model '{name}'"
     if model.error:
         return f"unsupported_model: {model.error}"
-    if model.kind != IN_PROCESS:
+    if model.served:
         return (f"unsupported_model: '{name}' is served; use_ledger=False scores in-process "
                 "models only (pass use_ledger=True)")
     return None

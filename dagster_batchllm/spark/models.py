@@ -37,9 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.errors import InferenceConfigError
-from ..core.tasks.predict.call import PredictCall
-from ..core.tasks.predict.models import SERVED, resolve_models
+from ..core import InferenceConfigError, PredictCall, resolve_models
 from .job import split_for_slots
 from .model_worker import (
     ERROR_FIELD,
@@ -64,7 +62,7 @@ def _job(spark: Any, llm: Any, call: PredictCall, refs: list[str], *, result_typ
     models = resolve_models(settings, refs)
     if call.model is not None and models[call.model].error:
         raise InferenceConfigError(models[call.model].error)
-    served = sorted(name for name, m in models.items() if m.kind == SERVED)
+    served = sorted(name for name, m in models.items() if m.served)
     if served and not use_ledger:
         # Their rows go through the engine's pool (limits, retries, breakers), which answers
         # through the ledger: refused here rather than every row failing on the executors.

@@ -37,12 +37,13 @@ from ..ai_functions.calls import sendable
 from ..ai_functions.catalogue import AI_QUERY, read_result
 from ..ai_functions.documents import parse_document_value
 from ..ai_functions.outcomes import AIQueryError, with_error
-from ..core.client import InferenceClient
-from ..core.errors import DeferredError, ErrorType, RowError
-from ..core.file_policy import FilePolicy, under_policy
-from ..core.settings import InferenceSettings
-from ..core.tasks.chat.call import InferenceCall
-from ..core.tasks.chat.rendering import iter_row_requests, row_tuples
+from ..core import (
+    DeferredError,
+    ErrorType,
+    InferenceClient,
+    InferenceSettings,
+    token_reservations,
+)
 from .budget import SharedTokenBudget
 from .job import (
     ERROR_FIELD,
@@ -188,7 +189,7 @@ def _infer_within_budget(client: InferenceClient, job: SparkJob, frame: pd.DataF
     deadline = time.monotonic() + ref.wait_s
     while True:
         part = frame.iloc[pending].reset_index(drop=True)
-        wanted, largest = _reservations(client, part, job.call)
+        wanted, largest = token_reservations(client, part, job.call)
         grant = budget.claim(wanted, parts=ref.parts, at_least=largest)
         # Even a zero grant is worth a call: rows already in the ledger are answered for free.
         result = client.infer(part, job.call, token_budget=grant, run_id=job.run_id)
@@ -214,25 +215,6 @@ def _infer_within_budget(client: InferenceClient, job: SparkJob, frame: pd.DataF
             f"has {left['remaining']} left, less than this request may need; a later run will "
             "send it").as_cell()
     return outputs, errors
-
-
-def _reservations(client: InferenceClient, frame: pd.DataFrame,
-                  call: InferenceCall) -> tuple[int, int]:
-    """What the engine will reserve for ``frame``: the sum over its distinct requests, and
-    the largest single one."""
-    spec = call.bind(list(frame.columns), client.settings)
-    rows = row_tuples(frame[spec.input_columns()])
-    seen: set[str] = set()
-    total = largest = 0
-    # Image paths are read as the call's own rendering reads them (files_roots).
-    for item in under_policy(FilePolicy.of(client.settings), iter_row_requests(
-            rows, spec, default_max_tokens=client.settings.default_max_tokens)):
-        if isinstance(item, RowError) or item.key in seen:
-            continue
-        seen.add(item.key)
-        total += item.reserve_tokens
-        largest = max(largest, item.reserve_tokens)
-    return total, largest
 
 
 def _wait_for_tokens(budget: SharedTokenBudget, deadline: float) -> bool:

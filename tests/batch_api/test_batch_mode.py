@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from batch_helpers import MODEL, PROMPT, batch_stats, book_of, frame
 
-from dagster_batchllm.core.delivery.batch_api.waits import waiting_for_batches, waiting_in_ledger
+from dagster_batchllm.core.batch.waits import waiting_for_batches, waiting_in_ledger
 from dagster_batchllm.core.errors import InferenceConfigError
 from dagster_batchllm.core.tasks.chat.call import InferenceCall
 from dagster_batchllm.core.tasks.chat.rendering import iter_row_requests, row_tuples

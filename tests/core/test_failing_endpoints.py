@@ -20,9 +20,9 @@ import pytest
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.delivery.endpoint_state import FailingBound
 from dagster_batchllm.core.delivery.pool import EndpointPool
-from dagster_batchllm.core.error_kinds import kind_of
 from dagster_batchllm.core.errors import EndpointFailingError, NoHealthyEndpointError
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
+from dagster_batchllm.factories.error_kinds import kind_of
 from dagster_batchllm.testing import SimulatedEndpoint
 from tests.conftest import FAST_SETTINGS
 

@@ -24,9 +24,9 @@ from dagster_batchllm.core.delivery.reply_size import (
     ENVELOPE_BYTES,
     reply_limit,
 )
-from dagster_batchllm.core.error_kinds import kind_of
 from dagster_batchllm.core.requests import RowRequest
 from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
+from dagster_batchllm.factories.error_kinds import kind_of
 from dagster_batchllm.testing import SimulatedEndpoint
 
 MODEL, EMBED = "sim-model", "sim-embed"

@@ -15,9 +15,9 @@ from dagster_batchllm import (
     ManagedEndpoint,
     build_inference_asset,
 )
-from dagster_batchllm.core.error_kinds import KIND_BY_TYPE, ErrorKind, describe_errors
 from dagster_batchllm.core.errors import ErrorType
 from dagster_batchllm.core.tasks.chat.call import InferenceCall
+from dagster_batchllm.factories.error_kinds import KIND_BY_TYPE, ErrorKind, describe_errors
 from dagster_batchllm.factories.metadata import column_schema
 
 SCHEMA = {

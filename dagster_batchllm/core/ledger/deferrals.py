@@ -2,14 +2,16 @@
 
 A batch pass defers rows "waiting for batch <id>", renames those deferrals once the provider
 names the batch, forgets a partition's deferrals when their keys go into its own batch, and
-asks which keys failed; the sensors ask which partitions wait for batches. Every one of those
-statements on the ledger's table is here, beside the ledger's own (:mod:`.table`).
+asks which keys failed; the sensors ask which partitions wait for batches, and the retry
+sensor which rows a run of a partition would send again (:func:`unfinished_partitions`). Every
+one of those statements on the ledger's table is here, beside the ledger's own (:mod:`.table`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 
@@ -95,4 +97,23 @@ def waiting_in_ledger(ledger: Ledger, scope: str | None = None) -> dict[str, dic
     return found
 
 
-__all__ = ["Deferrals", "waiting_in_ledger"]
+@dataclass(frozen=True)
+class Unfinished:
+    """A partition's records that a run of it would send again."""
+
+    failed: dict[str, int]  # its failed records by error type
+    deferred: int  # its deferred records, less those that wait for a provider's batch
+
+
+def unfinished_partitions(ledger: Ledger, scope: str | None = None) -> dict[str, Unfinished]:
+    """The partitions (of ``scope``) with failed or deferred records. Rows that wait in a
+    provider's batch are not counted: the batch-collect sensor runs their partition when the
+    batch ends (those whose lines are their own partition's have no deferred record at all)."""
+    failed = ledger.failed_by_error_type(scope=scope)
+    in_batches = {p: sum(names.values()) for p, names in waiting_in_ledger(ledger, scope).items()}
+    return {partition: Unfinished(failed.get(partition, {}),
+                                  by_status[DEFERRED] - in_batches.get(partition, 0))
+            for partition, by_status in ledger.partitions_needing_retry(scope=scope).items()}
+
+
+__all__ = ["Deferrals", "Unfinished", "unfinished_partitions", "waiting_in_ledger"]

@@ -19,6 +19,7 @@ import sqlite3
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -55,6 +56,31 @@ def redact_url(url: str) -> str:
         return sa.engine.make_url(url).render_as_string(hide_password=True)
     except Exception:  # an unparseable URL is reported by create_engine; never echo it whole
         return "<unparseable store_url>"
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """Where a store URL keeps its tables, read without connecting: what a process that did not
+    open the store (a sensor, a Spark driver) checks before it relies on reading it."""
+
+    url: str  # as SQLAlchemy is given it (see normalize_store_url)
+    sqlite_file: str | None  # the path of a SQLite file; None for memory or a database server
+    in_memory: bool  # SQLite in memory: it lasts one process, and no other can read it
+
+    @classmethod
+    def of(cls, url: str) -> StoreLocation:
+        """Raises InferenceConfigError (the URL redacted) where ``url`` is no SQLAlchemy URL."""
+        normalized = normalize_store_url(url)
+        try:
+            parsed = sa.engine.make_url(normalized)
+        except sa.exc.ArgumentError:
+            raise InferenceConfigError(
+                f"{redact_url(url)} is not a SQLAlchemy URL (e.g. sqlite:///path/to/file.db or "
+                "postgresql+psycopg://user@host/db).") from None
+        if parsed.get_backend_name() != "sqlite":
+            return cls(normalized, None, False)
+        in_memory = parsed.database in (None, "", ":memory:")
+        return cls(normalized, None if in_memory else parsed.database, in_memory)
 
 
 class _SerialStaticPool(sa.pool.StaticPool):

@@ -12,8 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ...core.client import InferenceClient
-from ...core.settings import InferenceSettings
+from ...core import InferenceClient, InferenceSettings
 from .data import make_frame
 from .fleet import SCALES, Fleet, client_options, fleet_specs, infer, measured, tally
 from .outcome import Outcome
@@ -133,9 +132,9 @@ def ledger_counts(store_url: str, table: str) -> dict[tuple[str, str], int]:
     """(partition, status) -> records, read straight from the ledger database."""
     import sqlalchemy as sa
 
-    from ...core.ledger.stores import normalize_store_url, validate_identifier
+    from ...core import StoreLocation, validate_identifier
 
-    engine = sa.create_engine(normalize_store_url(store_url))
+    engine = sa.create_engine(StoreLocation.of(store_url).url)
     try:
         with engine.connect() as conn:
             rows = conn.execute(sa.text(
@@ -167,9 +166,9 @@ def postgres_unavailable() -> str | None:
 def drop_tables(store_url: str, tables: list[str]) -> None:
     import sqlalchemy as sa
 
-    from ...core.ledger.stores import normalize_store_url, validate_identifier
+    from ...core import StoreLocation, validate_identifier
 
-    engine = sa.create_engine(normalize_store_url(store_url))
+    engine = sa.create_engine(StoreLocation.of(store_url).url)
     try:
         with engine.begin() as conn:
             for name in tables:

@@ -50,6 +50,11 @@ class ResolvedModel:
     rows_per_batch: int = 1024
     error: str | None = None  # why it cannot be used: its rows fail with this
 
+    @property
+    def served(self) -> bool:
+        """Served by an endpoint (``mlflow`` protocol), not loaded in this process."""
+        return self.kind == SERVED
+
     def describe(self) -> dict[str, Any]:
         """For metadata and logs (no secrets: registry URIs may hold a password, left out)."""
         return {k: v for k, v in (("kind", self.kind), ("uri", self.uri),
