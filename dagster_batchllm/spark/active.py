@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ..core.errors import InferenceConfigError
-from ..core.settings import InferenceSettings
+from ..core import InferenceConfigError, InferenceSettings
 
 
 class SparkBinding(Protocol):

@@ -16,9 +16,7 @@ import pandas as pd
 
 from ..ai_functions.aggregates import AGGREGATES, group_failure, one_instruction
 from ..ai_functions.calls import sendable
-from ..core.errors import InferenceConfigError
-from ..core.run.sync import run_sync
-from ..core.settings import InferenceSettings
+from ..core import InferenceConfigError, InferenceSettings, run_sync
 from ..semantic.reduce import GroupInput, reduce_groups, reduce_options
 from . import worker
 

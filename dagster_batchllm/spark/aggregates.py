@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..ai_functions.aggregates import AGGREGATES, AggregateFunction
-from ..core.errors import InferenceConfigError
+from ..core import InferenceConfigError
 from .aggregate_worker import AggregateJob, aggregate_function
 from .builders import register_builder
 from .model_sql import constant

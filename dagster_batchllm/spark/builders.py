@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.errors import InferenceConfigError
+from ..core import InferenceConfigError
 
 
 def register_builder(spark: Any, name: str, builder: Any) -> None:

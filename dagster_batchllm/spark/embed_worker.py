@@ -16,8 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..ai_functions.calls import sendable
-from ..core.settings import InferenceSettings
-from ..core.tasks.embed.call import EmbedCall
+from ..core import EmbedCall, InferenceSettings
 from .job import ERROR_COLUMN, ERROR_FIELD, OUTPUT_COLUMN, RESULT_FIELD
 from .worker import batch_column, client_for
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..ai_functions.embeddings import embedding_result_type
-from ..core.errors import InferenceConfigError
+from ..core import InferenceConfigError
 from . import embed_worker
 from .active import SparkBinding, active_ai
 from .embed_worker import VECTOR_DDL, VECTOR_STRUCT_DDL, EmbedJob, executor_embed_call

@@ -43,7 +43,7 @@ import pandas as pd
 from ..ai_functions.calls import sendable
 from ..ai_functions.catalogue import AI_FUNCTIONS, REQUIRED, AIFunction, read_result
 from ..ai_functions.outcomes import failure
-from ..core.errors import InferenceConfigError
+from ..core import InferenceConfigError
 from . import worker
 from .builders import register_builder
 from .job import MODEL_COLUMN, PROMPT_COLUMN, SparkJob

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.errors import InferenceConfigError
-from ..core.tasks.chat.call import template_fields
+from ..core import InferenceConfigError, template_fields
 from . import worker
 from .active import SparkBinding, active_ai
 from .job import RESULT_STRUCT_DDL, ROUTED_MODEL_COLUMN

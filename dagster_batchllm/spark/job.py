@@ -27,9 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.errors import InferenceConfigError
-from ..core.settings import InferenceSettings
-from ..core.tasks.chat.call import InferenceCall
+from ..core import InferenceCall, InferenceConfigError, InferenceSettings
 
 RESULT_FIELD = "result"
 ERROR_FIELD = "errorMessage"

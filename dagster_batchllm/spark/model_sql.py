@@ -14,8 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..ai_functions.types import parse_type
-from ..core.errors import InferenceConfigError
-from ..core.tasks.predict.call import PredictCall
+from ..core import InferenceConfigError, PredictCall
 from .model_worker import ERROR_FIELD, RESULT_FIELD, ModelJob, scalar_function
 
 
@@ -39,7 +38,7 @@ def scoring_model(ai: Any, arguments: dict[str, Any]) -> str | None:
 def scoring_expression(ai: Any, model: str, arguments: dict[str, Any]) -> Any:
     from pyspark.sql.functions import pandas_udf
 
-    from ..core.tasks.predict.models import resolve_models, single_required_input
+    from ..core import resolve_models, single_required_input
 
     models = resolve_models(ai.settings, [model])
     if models[model].error:

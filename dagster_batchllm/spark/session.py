@@ -17,10 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from ..core.errors import InferenceConfigError
-from ..core.ledger.table import Ledger
-from ..core.settings import InferenceSettings
-from ..core.tasks.chat.call import literal_template
+from ..core import InferenceConfigError, InferenceSettings, Ledger, literal_template
 from ..factories.context import read_context
 from . import active, columns, grouped
 from .budget import SharedTokenBudget, require_shared_store

@@ -42,7 +42,7 @@ from typing import Any, Literal
 from ..ai_functions.calls import result_struct, return_type
 from ..ai_functions.catalogue import AI_QUERY, legacy_options
 from ..ai_functions.types import SQLType
-from ..core.errors import InferenceConfigError
+from ..core import InferenceConfigError
 from . import aggregates, documents, functions, worker
 from .builders import register_builder
 from .embeddings import EmbeddingQueries

@@ -32,7 +32,7 @@ from ..ai_functions.aggregates import (
     one_instruction,
 )
 from ..ai_functions.calls import sendable
-from ..core.errors import InferenceConfigError
+from ..core import InferenceConfigError
 from ..semantic.reduce import GroupInput, reduce_groups, reduce_options
 from .runtime import Runtime
 

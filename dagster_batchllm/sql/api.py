@@ -17,10 +17,7 @@ import threading
 import weakref
 from typing import Any
 
-from ..core.client import InferenceClient
-from ..core.errors import InferenceConfigError
-from ..core.results import InferenceStats
-from ..core.settings import InferenceSettings
+from ..core import InferenceClient, InferenceConfigError, InferenceSettings, InferenceStats
 from ..factories.context import read_context
 from . import aggregates
 from .dialects import translate

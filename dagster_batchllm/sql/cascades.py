@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..ai_functions.calls import BoundCall
-from ..core.errors import InferenceConfigError
+from ..core import InferenceConfigError
 from .runtime import NULL_OUTCOME, Outcome, Row, Runtime
 
 _MENTIONS_CASCADE = re.compile(r"\bcascade\b", re.IGNORECASE)

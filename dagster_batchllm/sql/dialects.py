@@ -47,7 +47,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 
-from ..core.errors import InferenceConfigError
+from ..core import InferenceConfigError
 from .dialect_names import DIALECT_NAMES, READ_DIALECTS, WRITE_DIALECTS
 
 

@@ -57,7 +57,7 @@ from ..ai_functions.catalogue import (
 )
 from ..ai_functions.embeddings import embedding_result_type, literal_endpoint
 from ..ai_functions.outcomes import as_json, failure, with_error
-from ..core.errors import InferenceConfigError
+from ..core import InferenceConfigError
 from .cascades import CascadeCollector
 from .runtime import Row, Runtime
 

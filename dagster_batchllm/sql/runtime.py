@@ -28,8 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..ai_functions.calls import BoundCall, read_outcome
-from ..core.errors import InferenceConfigError
-from ..core.results import InferenceStats
+from ..core import InferenceConfigError, InferenceStats
 from .scoring import is_scoring_model, score_rows
 
 Outcome = tuple[Any, "str | None"]  # (SQL value, "<error_type>: <message>" or None)

@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..core.errors import InferenceConfigError
-from ..core.tasks.predict.models import looks_like_uri, resolve_models, single_required_input
+from ..core import InferenceConfigError, looks_like_uri, resolve_models, single_required_input
 
 
 def is_scoring_model(settings: Any, name: str) -> bool:

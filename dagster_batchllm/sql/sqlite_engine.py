@@ -61,7 +61,7 @@ from ..ai_functions import documents
 from ..ai_functions.calls import BoundCall, sendable
 from ..ai_functions.catalogue import FUNCTIONS, REQUIRED, AIFunction
 from ..ai_functions.outcomes import as_json, failure, with_error
-from ..core.errors import InferenceConfigError
+from ..core import InferenceConfigError
 from .runtime import Outcome, Runtime
 
 _SAVEPOINT = "batchllm_collect"
