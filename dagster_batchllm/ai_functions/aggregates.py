@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.errors import InferenceConfigError
+from ..core import InferenceConfigError
 from .aggregate_prompts import SUMMARY_INSTRUCTION
 
 

@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any
 
-from ..core.errors import ErrorType, InferenceConfigError, RowError
-from ..core.tasks.chat.call import (
+from ..core import (
     GENERATION_PARAMS,
+    ErrorType,
     InferenceCall,
+    InferenceConfigError,
+    RowError,
     literal_template,
     normalize_response_format,
 )

@@ -20,7 +20,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..core.errors import InferenceConfigError
+from ..core import InferenceConfigError
 
 _EXAMPLE = ("Cascade(proxy='llama-8b', oracle='llama-70b', target_precision=0.9, "
             "target_recall=0.9, sample=500)")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
-from ..core.errors import InferenceConfigError
+from ..core import InferenceConfigError
 from .calls import (
     BoundCall,
     as_bool,

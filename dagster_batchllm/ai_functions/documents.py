@@ -24,12 +24,12 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..core.file_policy import FilePolicy
+from ..core import FilePolicy
 from ..documents import DocumentError, parse_document
 from .types import STRING, SQLType, struct
 
 if TYPE_CHECKING:
-    from ..core.settings import InferenceSettings
+    from ..core import InferenceSettings
 
 NAME = "ai_parse_document"
 SUMMARY = "A PDF's pages and text layer (no model): STRUCT<page_count, pages, text, error>."

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..core.errors import InferenceConfigError
+from ..core import InferenceConfigError
 from .calls import as_bool, result_struct
 from .types import FLOAT, SQLType
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..core.errors import BatchLLMError
+from ..core import BatchLLMError
 
 
 class AIQueryError(BatchLLMError, RuntimeError):

@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..core.errors import StructuredOutputError
+from ..core import StructuredOutputError
 from .types import INT_BITS, JSON_TYPE, STRING, Field, SQLType
 
 

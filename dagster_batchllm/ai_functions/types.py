@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.errors import InferenceConfigError
+from ..core import InferenceConfigError
 
 _ALIASES = {
     "STRING": "STRING", "VARCHAR": "STRING", "CHAR": "STRING", "TEXT": "STRING",

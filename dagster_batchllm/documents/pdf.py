@@ -20,8 +20,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.errors import FileRefusedError
-from ..core.file_policy import FilePolicy
+from ..core import FilePolicy, FileRefusedError
 
 DEFAULT_SCALE = 1.0  # 72 dpi: a US Letter page renders to 612 x 792 pixels
 PDF_SIGNATURE = b"%PDF-"

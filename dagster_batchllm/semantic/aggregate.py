@@ -26,10 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..core.errors import InferenceConfigError, RowError
-from ..core.ledger.stores import validate_identifier
-from ..core.results import InferenceStats
-from ..core.tasks.cells import cell_text
+from ..core import InferenceConfigError, InferenceStats, RowError, cell_text, validate_identifier
 from .reduce import GroupInput, ReduceFigures, reduce_groups, reduce_options
 
 

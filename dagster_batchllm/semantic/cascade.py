@@ -34,8 +34,7 @@ from typing import Any
 
 from ..ai_functions.calls import BoundCall, read_outcome
 from ..ai_functions.cascade_options import Cascade
-from ..core.results import InferenceStats
-from ..core.run.sync import run_sync
+from ..core import InferenceStats, run_sync
 from .scored import ScoredCall, ScoredReply, answer_confidence
 
 Outcome = tuple[Any, "str | None"]  # (value, "<error_type>: <reason>" or None)

@@ -34,10 +34,7 @@ from typing import Any
 from ..ai_functions.calls import BoundCall, read_outcome, sendable
 from ..ai_functions.cascade_options import Cascade
 from ..ai_functions.catalogue import FUNCTIONS
-from ..core.batch.mode import check_delivery
-from ..core.errors import InferenceConfigError
-from ..core.results import InferenceStats
-from ..core.run.sync import run_sync
+from ..core import InferenceConfigError, InferenceStats, check_delivery, run_sync
 from .cascade import CLASSIFY, FILTER, CascadeReport, acascade
 
 NO_TEXT = "no_text: every column of the row is NULL or blank; nothing was sent"

@@ -37,9 +37,12 @@ from ..ai_functions.aggregate_prompts import (
     user_message,
 )
 from ..ai_functions.chunking import cut_chunks, item_cost
-from ..core.errors import ContextLengthExceededError, InferenceConfigError
-from ..core.results import InferenceStats
-from ..core.tasks.chat.call import literal_template
+from ..core import (
+    ContextLengthExceededError,
+    InferenceConfigError,
+    InferenceStats,
+    literal_template,
+)
 
 # When no endpoint serving the model says its context (Endpoint(max_context_tokens=...)) and
 # the call gives none (context_tokens=): a context every current chat model has.
@@ -128,7 +131,7 @@ def reduce_options(settings: Any, *, model: str | None, max_tokens: Any = None,
     """The options checked against the settings: the model served, max_tokens and the context
     leaving room for two partial answers with each instruction. Raises InferenceConfigError
     (before anything is sent), saying what to change."""
-    from ..core.tasks.chat.call import checked_param
+    from ..core import checked_param
 
     model = model if model is not None else settings.model_when_unnamed
     if model is None:
