@@ -23,26 +23,26 @@ _LAZY = {
     "BatchInferenceResource": "dagster_batchllm.resource",
     "Endpoint": "dagster_batchllm.resource",
     "ModelPrice": "dagster_batchllm.resource",
-    "Price": "dagster_batchllm.core.pricing",
+    "Price": "dagster_batchllm.core",
     "MlflowModel": "dagster_batchllm.resource",
     "build_scoring_asset": "dagster_batchllm.factories.scoring",
     "build_model_version_asset": "dagster_batchllm.factories.scoring",
     "build_model_alias_sensor": "dagster_batchllm.factories.scoring",
-    "PredictionResult": "dagster_batchllm.core.tasks.predict.task",
+    "PredictionResult": "dagster_batchllm.core",
     "ManagedEndpoint": "dagster_batchllm.resource",
-    "InferenceClient": "dagster_batchllm.core.client",
-    "InferenceResult": "dagster_batchllm.core.results",
-    "InferenceStats": "dagster_batchllm.core.results",
-    "InferenceEstimate": "dagster_batchllm.core.results",
-    "Plan": "dagster_batchllm.core.run.plan",
-    "EndpointSpec": "dagster_batchllm.core.settings",
-    "InferenceSettings": "dagster_batchllm.core.settings",
-    "Ledger": "dagster_batchllm.core.ledger.table",
-    "BatchLLMError": "dagster_batchllm.core.errors",
-    "InferenceConfigError": "dagster_batchllm.core.errors",
-    "ErrorType": "dagster_batchllm.core.errors",
+    "InferenceClient": "dagster_batchllm.core",
+    "InferenceResult": "dagster_batchllm.core",
+    "InferenceStats": "dagster_batchllm.core",
+    "InferenceEstimate": "dagster_batchllm.core",
+    "Plan": "dagster_batchllm.core",
+    "EndpointSpec": "dagster_batchllm.core",
+    "InferenceSettings": "dagster_batchllm.core",
+    "Ledger": "dagster_batchllm.core",
+    "BatchLLMError": "dagster_batchllm.core",
+    "InferenceConfigError": "dagster_batchllm.core",
+    "ErrorType": "dagster_batchllm.core",
     "build_embedding_asset": "dagster_batchllm.factories.embedding",
-    "EmbedCall": "dagster_batchllm.core.tasks.embed.call",
+    "EmbedCall": "dagster_batchllm.core",
     "build_call_asset": "dagster_batchllm.factories.calls",
     "Cascade": "dagster_batchllm.ai_functions.cascade_options",
 }
@@ -87,15 +87,22 @@ if TYPE_CHECKING:
     from .components.embedding import BatchEmbeddingComponent
     from .components.inference import BatchInferenceComponent
     from .components.scoring import ModelScoringComponent
-    from .core.client import InferenceClient
-    from .core.errors import BatchLLMError, ErrorType, InferenceConfigError
-    from .core.ledger.table import Ledger
-    from .core.pricing import Price
-    from .core.results import InferenceEstimate, InferenceResult, InferenceStats
-    from .core.run.plan import Plan
-    from .core.settings import EndpointSpec, InferenceSettings
-    from .core.tasks.embed.call import EmbedCall
-    from .core.tasks.predict.task import PredictionResult
+    from .core import (
+        BatchLLMError,
+        EmbedCall,
+        EndpointSpec,
+        ErrorType,
+        InferenceClient,
+        InferenceConfigError,
+        InferenceEstimate,
+        InferenceResult,
+        InferenceSettings,
+        InferenceStats,
+        Ledger,
+        Plan,
+        PredictionResult,
+        Price,
+    )
     from .factories.calls import build_call_asset
     from .factories.embedding import build_embedding_asset
     from .factories.inference import build_inference_asset

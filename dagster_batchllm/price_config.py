@@ -18,7 +18,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from .core.pricing import EVERY_MODEL, Price
+from .core import EVERY_MODEL, Price
 
 
 class EndpointPrice(dg.Config):

@@ -11,12 +11,15 @@ from dagster._config.field_utils import Shape
 from dagster._core.definitions.definition_config_schema import DefinitionConfigSchema
 from pydantic import Field, PrivateAttr
 
-from .core.client import InferenceClient
-from .core.results import InferenceEstimate, InferenceResult
-from .core.run.plan import Plan
-from .core.settings import InferenceSettings
-from .core.tasks.chat.call import InferenceCall
-from .core.tasks.embed.call import EmbedCall
+from .core import (
+    EmbedCall,
+    InferenceCall,
+    InferenceClient,
+    InferenceEstimate,
+    InferenceResult,
+    InferenceSettings,
+    Plan,
+)
 from .factories.context import read_context
 from .managed.start import RunningEndpoint, start_managed
 from .resource_config import (

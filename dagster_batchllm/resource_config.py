@@ -12,8 +12,13 @@ from typing import Any, Literal
 import dagster as dg
 from pydantic import Field, field_validator
 
-from .core.errors import InferenceConfigError
-from .core.settings import DESCRIPTION, EndpointSpec, InferenceSettings, MlflowModelSpec
+from .core import (
+    DESCRIPTION,
+    EndpointSpec,
+    InferenceConfigError,
+    InferenceSettings,
+    MlflowModelSpec,
+)
 from .managed.start import ManagedEndpointSpec
 from .price_config import EndpointPrice, as_price_config, spec_prices
 

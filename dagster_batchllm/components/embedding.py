@@ -12,7 +12,7 @@ from typing import Any
 
 import dagster as dg
 
-from ..core.tasks.embed.call import EmbedCall
+from ..core import EmbedCall
 from ..factories.embedding import build_embedding_asset
 from .attributes import (
     BatchMode,

@@ -13,8 +13,7 @@ from typing import Annotated, Any
 
 import dagster as dg
 
-from ..core.settings import DEFAULT_LEDGER_TABLE
-from ..core.tasks.chat.call import InferenceCall
+from ..core import DEFAULT_LEDGER_TABLE, InferenceCall
 from ..factories.inference import build_inference_asset
 from ..sensors.batches import build_batch_collect_sensor
 from ..sensors.retry_partitions import build_retry_partitions_sensor

@@ -12,8 +12,7 @@ from typing import Any
 
 import dagster as dg
 
-from ..core.errors import InferenceConfigError
-from ..core.tasks.base import CallBase, task_type_for
+from ..core import CallBase, InferenceConfigError, task_type_for
 from .shared import AssetJob, AssetOptions, asset_factory, build_asset
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import dagster as dg
 
-from ..core.errors import InferenceConfigError
+from ..core import InferenceConfigError
 
 #: The tag of a run the batch-collect sensor launches at a partition's switch time.
 DEADLINE_TAG = "batchllm/deadline"

@@ -12,7 +12,7 @@ from typing import Any
 import dagster as dg
 import numpy as np
 
-from ..core.tasks.embed.call import EmbedCall
+from ..core import EmbedCall
 from .shared import AssetJob, AssetOptions, asset_factory, build_asset
 
 

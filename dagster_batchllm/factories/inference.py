@@ -6,7 +6,7 @@ from typing import Any
 
 import dagster as dg
 
-from ..core.tasks.chat.call import InferenceCall
+from ..core import InferenceCall
 from .shared import AssetJob, AssetOptions, asset_factory, build_asset
 
 

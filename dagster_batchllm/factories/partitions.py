@@ -12,7 +12,7 @@ from typing import Any
 
 import dagster as dg
 
-from ..core.results import InferenceStats
+from ..core import InferenceStats
 from .checks import check_events, inference_check_results
 from .context import read_context
 from .metadata import failed_rows_table, row_figures

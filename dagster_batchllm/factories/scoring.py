@@ -23,12 +23,16 @@ from typing import Any
 
 import dagster as dg
 
-from ..core.errors import InferenceConfigError
-from ..core.ledger.stores import validate_identifier
-from ..core.settings import InferenceSettings, MlflowModelSpec
-from ..core.tasks.predict.call import PredictCall
-from ..core.tasks.predict.models import ResolvedModel, resolve_models
-from ..core.tasks.predict.resolve import ModelsUnresolvedError
+from ..core import (
+    InferenceConfigError,
+    InferenceSettings,
+    MlflowModelSpec,
+    ModelsUnresolvedError,
+    PredictCall,
+    ResolvedModel,
+    resolve_models,
+    validate_identifier,
+)
 from .partitions import Figures, LogLine
 from .shared import AssetJob, AssetOptions, asset_factory, asset_key_of, build_asset
 

@@ -34,9 +34,7 @@ from typing import Any, ClassVar, Literal
 
 import dagster as dg
 
-from ..core.batch.mode import check_mode
-from ..core.errors import InferenceConfigError
-from ..core.ledger.stores import validate_identifier
+from ..core import InferenceConfigError, check_mode, validate_identifier
 from .checks import EMPTY_PARTITION_POLICIES, inference_check_specs
 from .deadlines import check_deadline, describe_deadline, run_deadlines
 from .metadata import (

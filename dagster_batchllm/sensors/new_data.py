@@ -14,8 +14,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
     UnresolvedAssetJobDefinition,
 )
 
-from ..core.errors import InferenceConfigError
-from ..core.ledger.stores import validate_identifier
+from ..core import InferenceConfigError, validate_identifier
 from .common import (
     NEW_DATA_CURSOR_TAG,
     NEW_DATA_TAG,
