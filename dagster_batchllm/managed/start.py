@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.settings import EndpointSpec, described
+from ..core import EndpointSpec, described
 
 MANAGED_KINDS = ("classical", "llama-server")
 

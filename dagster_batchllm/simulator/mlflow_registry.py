@@ -24,7 +24,7 @@ class LocalRegistry:
         import mlflow
         from mlflow import MlflowClient
 
-        from ..core.tasks.predict.registry import ready_registry
+        from ..core import ready_registry
 
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -39,7 +39,7 @@ class LocalRegistry:
     @contextlib.contextmanager
     def _logging(self):
         """A run of this registry, MLflow's process-wide URIs put back afterwards."""
-        from ..core.tasks.predict.models import mlflow_uris
+        from ..core import mlflow_uris
 
         with mlflow_uris(self.uri), self._mlflow.start_run(
                 experiment_id=self.experiment_id) as run:
@@ -72,7 +72,7 @@ class LocalRegistry:
         return self._register(name, info.model_uri, run.info.run_id, alias)
 
     def _register(self, name: str, model_uri: str, run_id: str, alias: str | None) -> str:
-        from ..core.tasks.predict.models import mlflow_uris
+        from ..core import mlflow_uris
 
         if not self.client.search_registered_models(filter_string=f"name = '{name}'"):
             self.client.create_registered_model(name)
@@ -91,7 +91,7 @@ class LocalRegistry:
 
     def local_path(self, name: str, version: str, dest: str | os.PathLike) -> str:
         """A version's model downloaded into ``dest`` (a plain folder with its MLmodel)."""
-        from ..core.tasks.predict.models import mlflow_uris
+        from ..core import mlflow_uris
 
         with mlflow_uris(self.uri):
             return self._mlflow.artifacts.download_artifacts(

@@ -8,8 +8,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ...core.client import InferenceClient
-from ...core.settings import EndpointSpec, InferenceSettings
+from ...core import EndpointSpec, InferenceClient, InferenceSettings
 from ...simulator.endpoint import SimulatedEndpoint
 from .data import MAX_TOKENS, MODEL, PROMPT, SCHEMA
 from .outcome import Outcome, classify_rows

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...core.errors import ErrorType
+from ...core import ErrorType
 from .data import expected_reply
 
 ERROR_CODES = {e.value for e in ErrorType} | {"internal_error"}
