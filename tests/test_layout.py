@@ -7,9 +7,14 @@ The imports are read statically (``ast``) from every module under ``dagster_batc
 inside functions included (a lazy import is still a dependency), those under
 ``if TYPE_CHECKING:`` left out (they never run) unless a check asks for them. ``from . import
 x`` inside a package is an edge to the submodule ``x``; ``from pkg import name`` is an edge to
-``pkg.name`` when that is a module, else to ``pkg``. Importing a submodule also runs its
+``pkg.name`` when that is a module, to the module that defines ``name`` when ``pkg`` re-exports it
+lazily (its ``__init__`` maps names to their modules in ``_HOMES``, as the core's does: importing
+the name runs that module and nothing else), else to ``pkg``. Importing a submodule also runs its
 package's ``__init__``, but that is not an edge: a package that re-exports its submodules forms
 a cycle only when a submodule imports its own package back.
+
+The layers outside the core import it only through ``dagster_batchllm.core`` (its ``__all__``),
+and that ``__all__`` holds exactly the names they use.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class ImportGraph:
 
     modules: dict[str, Path] = field(default_factory=dict)
     edges: dict[str, list[Edge]] = field(default_factory=dict)  # internal, by source
+    lazy: dict[str, dict[str, str]] = field(default_factory=dict)  # package -> name -> module
     external: dict[str, dict[str, int]] = field(default_factory=dict)  # top-level name -> line
     missing: list[str] = field(default_factory=list)  # imports of paths that name no module
 
@@ -90,9 +96,26 @@ def build_graph(root: Path, package: str, type_checking: bool = False) -> Import
     graph = ImportGraph()
     for path in sorted((root / package).rglob("*.py")):
         graph.modules[module_name(path, root)] = path
+        if path.name == "__init__.py":
+            homes = lazy_homes(path, module_name(path, root))
+            if homes:
+                graph.lazy[module_name(path, root)] = homes
     for module, path in graph.modules.items():
         _add_imports(graph, package, module, path, type_checking)
     return graph
+
+
+def lazy_homes(init: Path, package: str) -> dict[str, str]:
+    """The names a package's ``__init__`` re-exports lazily, each with its module: read from
+    its module-level ``_HOMES = {".module": ("name", ...)}`` (empty without one)."""
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        targets = [node.target] if isinstance(node, ast.AnnAssign) else getattr(
+            node, "targets", [])
+        if any(isinstance(t, ast.Name) and t.id == "_HOMES" for t in targets) and node.value:
+            homes = ast.literal_eval(node.value)
+            return {name: package + module if module.startswith(".") else module
+                    for module, names in homes.items() for name in names}
+    return {}
 
 
 def _add_imports(graph: ImportGraph, package: str, module: str, path: Path,
@@ -134,7 +157,9 @@ def _add_imports(graph: ImportGraph, package: str, module: str, path: Path,
             graph.missing.append(f"{module} imports from {source} (line {node.lineno})")
         for alias in node.names:
             candidate = f"{source}.{alias.name}"
-            internal(candidate if candidate in graph.modules else source, node.lineno)
+            if candidate not in graph.modules:
+                candidate = graph.lazy.get(source, {}).get(alias.name, source)
+            internal(candidate, node.lineno)
 
 
 # -- the analyses ----------------------------------------------------------------------------------
@@ -413,6 +438,147 @@ def test_no_module_is_longer_than_the_bound(graph):
     assert not long, f"modules over {MODULE_LINES_AT_MOST} lines: {long}"
 
 
+# -- the core's one surface ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class CoreImport:
+    module: str  # the importing module, outside the core
+    source: str  # what it imports from: the core's package, or one of its modules
+    names: tuple[str, ...]  # the names imported (none for a plain ``import``)
+    line: int
+
+    def __str__(self) -> str:
+        names = f" ({', '.join(self.names)})" if self.names else ""
+        return f"{self.module} line {self.line}: {self.source}{names}"
+
+
+def _outside_core(module: str, package: str) -> bool:
+    return not (module == f"{package}.core" or module.startswith(f"{package}.core."))
+
+
+def core_imports(graph: ImportGraph, package: str = PACKAGE) -> list[CoreImport]:
+    """Every import of the core by a module outside it, type-only and lazy ones included; and
+    every string constant that names a core module (``importlib.import_module("...")``, a
+    lazy map), as an import of it without names."""
+    core = f"{package}.core"
+    found = []
+    for module, path in sorted(graph.modules.items()):
+        if not _outside_core(module, package):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in _imports(tree, type_checking=True):
+            if isinstance(node, ast.Import):
+                found += [CoreImport(module, a.name, (), node.lineno) for a in node.names
+                          if a.name == core or a.name.startswith(core + ".")]
+                continue
+            base = module if path.name == "__init__.py" else module.rpartition(".")[0]
+            for _ in range(max(node.level - 1, 0)):
+                base = base.rpartition(".")[0]
+            source = (f"{base}.{node.module}" if node.module else base) if node.level \
+                else node.module or ""
+            if source == core or source.startswith(core + "."):
+                found.append(CoreImport(module, source, tuple(a.name for a in node.names),
+                                        node.lineno))
+        found += [CoreImport(module, node.value, (), node.lineno) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and node.value.startswith(core + ".") and node.value.isascii()
+                  and node.value.replace(".", "").replace("_", "").isalnum()]
+    return found
+
+
+@pytest.fixture(scope="module")
+def outer_core_imports(graph) -> list[CoreImport]:
+    return core_imports(graph)
+
+
+def test_outer_layers_import_the_core_only_through_its_surface(outer_core_imports):
+    """``from ..core import X``, never ``from ..core.settings import X``: what the core offers
+    the rest of the package is its ``__all__``, one list to read and to keep small."""
+    found = [i for i in outer_core_imports if i.source != f"{PACKAGE}.core"]
+    assert not found, ("Imports of the core's modules from outside it (import the name from "
+                       f"{PACKAGE}.core, adding it to its __all__ if it must be offered):\n  "
+                       + "\n  ".join(str(i) for i in found))
+
+
+def _core_surface() -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """The core's ``__all__``, its lazy map (name -> module) and what its ``TYPE_CHECKING``
+    block imports (name -> module), read from its source."""
+    path = ROOT / PACKAGE / "core" / "__init__.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    exported = next(ast.literal_eval(node.value) for node in tree.body
+                    if isinstance(node, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets))
+    typed = {alias.name: f"{PACKAGE}.core.{node.module}"
+             for block in tree.body if isinstance(block, ast.If) and _is_type_checking(block.test)
+             for node in block.body if isinstance(node, ast.ImportFrom)
+             for alias in node.names}
+    return exported, lazy_homes(path, f"{PACKAGE}.core"), typed
+
+
+def test_every_name_the_core_offers_resolves(graph):
+    """Each name of ``__all__`` is defined (or imported) in the module the lazy map names, and
+    type checkers see the same names from the same modules; importing the core loads none of
+    them until one is used."""
+    exported, homes, typed = _core_surface()
+    assert len(exported) == len(set(exported)), "names listed twice in the core's __all__"
+    assert set(exported) == set(homes), (
+        f"in __all__ but not in _HOMES: {sorted(set(exported) - set(homes))}; in _HOMES but "
+        f"not in __all__: {sorted(set(homes) - set(exported))}")
+    assert typed == homes, "the TYPE_CHECKING imports differ from _HOMES: " + ", ".join(
+        f"{n}: {typed.get(n)} / {homes.get(n)}" for n in sorted(set(typed) | set(homes))
+        if typed.get(n) != homes.get(n))
+    undefined = [f"{name} (not in {module})" for name, module in sorted(homes.items())
+                 if module not in graph.modules
+                 or name not in _top_level_names(graph.modules[module])]
+    assert not undefined, "names of the core's __all__ that do not resolve: " + ", ".join(
+        undefined)
+
+
+@pytest.mark.slow  # imports the whole core (pandas, SQLAlchemy, the HTTP clients): ~0.7 s
+def test_every_name_the_core_offers_imports():
+    import subprocess
+    import sys
+
+    code = ("import sys, dagster_batchllm.core as core\n"
+            "assert 'dagster_batchllm.core.client' not in sys.modules\n"  # lazy
+            "print(len([getattr(core, name) for name in core.__all__]))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) == len(_core_surface()[0])
+
+
+def _top_level_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def test_the_core_offers_exactly_what_the_outer_layers_use(outer_core_imports):
+    """No dead name in the core's ``__all__`` and none missing: it is the names the layers
+    outside the core import from it, the package's own re-exports among them."""
+    exported, _homes, _typed = _core_surface()
+    used = {name for i in outer_core_imports if i.source == f"{PACKAGE}.core"
+            for name in i.names}
+    top = ast.parse((ROOT / PACKAGE / "__init__.py").read_text(encoding="utf-8"))
+    reexported = {name for node in top.body if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets)
+                  for name, module in ast.literal_eval(node.value).items()
+                  if module == f"{PACKAGE}.core"}
+    assert reexported, "the package re-exports no core name: has _LAZY moved?"
+    wanted = used | reexported
+    assert set(exported) == wanted, (
+        f"offered but used by no layer outside the core: {sorted(set(exported) - wanted)}; "
+        f"used but not in __all__: {sorted(wanted - set(exported))}")
+
+
 # -- the checks themselves, on a package made for them -------------------------------------------
 def _write(root: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
@@ -464,6 +630,28 @@ def test_the_checks_find_cycles_framework_imports_and_missing_paths(tmp_path):
     assert sorted(build_graph(tmp_path, PACKAGE).missing) == [
         f"{PACKAGE}.core.d imports {PACKAGE}.core.gone (line 1)",
         f"{PACKAGE}.core.d imports from {PACKAGE}.core.gone (line 2)"]
+
+
+def test_a_lazy_reexport_is_an_edge_to_its_module_and_a_deep_core_import_is_found(tmp_path):
+    _write(tmp_path, {
+        f"{PACKAGE}/__init__.py": "",
+        f"{PACKAGE}/core/__init__.py": ('_HOMES = {".client": ("Client",), '
+                                        '".errors": ("Oops",)}\n'),
+        f"{PACKAGE}/core/client.py": "class Client: ...\n",
+        f"{PACKAGE}/core/errors.py": "class Oops(Exception): ...\n",
+        f"{PACKAGE}/sql/__init__.py": "",
+        f"{PACKAGE}/sql/api.py": "from ..core import Client, Oops\n",
+        f"{PACKAGE}/sql/deep.py": ("def later():\n    from ..core.errors import Oops\n"
+                                   f"NAME = '{PACKAGE}.core.client'\n"),
+    })
+    graph = build_graph(tmp_path, PACKAGE)
+    assert graph.imports_of(f"{PACKAGE}.sql.api") == {f"{PACKAGE}.core.client",
+                                                      f"{PACKAGE}.core.errors"}
+    assert [str(i) for i in core_imports(graph)] == [
+        f"{PACKAGE}.sql.api line 1: {PACKAGE}.core (Client, Oops)",
+        f"{PACKAGE}.sql.deep line 2: {PACKAGE}.core.errors (Oops)",
+        f"{PACKAGE}.sql.deep line 3: {PACKAGE}.core.client",
+    ]
 
 
 def test_the_harness_check_finds_lazy_and_type_only_imports(tmp_path):
