@@ -29,7 +29,7 @@ from .requests import distinct_requests
 from .results import InferenceEstimate, InferenceResult
 from .run.budgets import check_planned_cost
 from .run.engine import InferenceRun
-from .run.figures import estimate_cost, paid_totals
+from .run.figures import estimate_cost
 from .run.plan import BATCH_API, ONLINE, DryCount, Plan, make_plan
 from .run.sync import run_sync
 from .settings import InferenceSettings
@@ -190,7 +190,6 @@ class InferenceClient:
                                            token_budget=budget, run_id=run_id, logger=log,
                                            collect_keys=keep_keys,
                                            budget_usd=call.budget_usd, deadline=due).run()
-            paid_totals(run.stats)  # its passes' costs, added up per model
         else:
             run = InferenceRun(
                 task.run_settings(self.settings, self.pool.capacity(call.model)), frame,

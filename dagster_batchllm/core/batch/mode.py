@@ -36,7 +36,7 @@ from ..delivery.limits import CostBudget, TokenBudget
 from ..errors import InferenceConfigError
 from ..results import InferenceStats, RowStatus
 from ..run.engine import InferenceRun
-from ..run.figures import estimate_cost
+from ..run.figures import estimate_cost, finish_stats, paid_totals
 from ..run.gc_pacing import BATCH_THRESHOLDS, fewer_collections
 from ..tasks.base import CallBase, Task
 from .deadline import (
@@ -180,7 +180,7 @@ class BatchModeCall:
                 await asyncio.to_thread(self.collector.release_in_hand)
             for protocol in self.protocols.values():
                 protocol.close()
-        merged.finish(self.settings, time.perf_counter() - started)
+        merged.finish(self.settings, started=started)
         if keeper is not None:
             s = merged.stats
             keeper.online_rows = merged.answered_online
@@ -293,9 +293,9 @@ class _Merged:
         self.error_types: list[str | None] = [None] * n
         self.row_status = bytearray(n)
         self.keys: set[str] | None = set() if collect_keys else None
-        self.stats = InferenceStats(rows=n)
+        self.stats = InferenceStats()  # the passes' figures added up (see finish)
         self._latency: tuple[float | None, float | None] = (None, None)
-        self.online_tokens: dict[str, dict[str, Any]] = {}  # of a deadline's online run
+        self.online = InferenceStats()  # the figures of a deadline's online run
         self.answered_online = 0  # rows it answered
 
     def waiting_rows(self) -> list[int]:
@@ -307,10 +307,7 @@ class _Merged:
         """A run's outcomes, its row ``j`` being row ``rows[j]`` of the table (``online``:
         a deadline's online run, its tokens at the online price)."""
         if online:
-            for model, tokens in run.stats.tokens_by_model.items():
-                held = self.online_tokens.setdefault(model, {})
-                for name, value in tokens.items():
-                    held[name] = held.get(name, 0) + value
+            self.online.add(run.stats)
         if isinstance(rows, range) and rows.step == 1:  # a slice of the table: copied whole
             a, b = rows.start, rows.stop
             self.outputs[a:b] = run.outputs
@@ -325,20 +322,12 @@ class _Merged:
                 self.error_types[i] = run.error_types[j]
         if self.keys is not None and run.keys is not None:
             self.keys |= run.keys
-        s, new = self.stats, run.stats
-        s.requests += new.requests
-        s.retries += new.retries
-        s.deduplicated += new.deduplicated
-        s.prompt_tokens += new.prompt_tokens
-        s.completion_tokens += new.completion_tokens
-        s.usage_corrected += new.usage_corrected
-        for model, tokens in new.tokens_by_model.items():
-            held = s.tokens_by_model.setdefault(model, {"prompt_tokens": 0,
-                                                        "completion_tokens": 0})
-            for name, value in tokens.items():
-                held[name] = held.get(name, 0) + value
-        if new.latency_p50_s is not None:
-            self._latency = (new.latency_p50_s, new.latency_p95_s)
+        # Its requests, tokens and costs; the row counts are recounted at the end (a row
+        # deferred by one pass is settled by a later one). A row is sent again only while
+        # deferred, so each failure is counted by one run: errors_by_type adds up.
+        self.stats.add(run.stats)
+        if run.stats.latency_p50_s is not None:
+            self._latency = (run.stats.latency_p50_s, run.stats.latency_p95_s)
 
     def add_endpoints(self, figures: dict[str, dict[str, Any]]) -> None:
         """A pass's figures per endpoint (its delivery's, which every run of it shares)."""
@@ -348,24 +337,18 @@ class _Merged:
                 held[counter] = (held.get(counter, 0) + value
                                  if isinstance(value, int) else value)
 
-    def finish(self, settings: Any, elapsed_s: float) -> None:
+    def finish(self, settings: Any, *, started: float) -> None:
+        """The call's figures: the rows counted by how each ended, what was paid (the
+        passes' costs added up per model), and the cost at the batch price of the tokens
+        the batches answered plus the online price of those the online run did."""
         s = self.stats
-        counts = [self.row_status.count(status) for status in range(len(RowStatus))]
-        s.cached = counts[RowStatus.CACHED]
-        s.succeeded = counts[RowStatus.OK] + counts[RowStatus.CACHED]
-        s.failed = counts[RowStatus.FAILED]
-        s.deferred = counts[RowStatus.DEFERRED]
-        s.errors_by_type = {}
-        if s.failed:
-            failed = RowStatus.FAILED
-            for status, error_type in zip(self.row_status, self.error_types, strict=True):
-                if status == failed:
-                    s.errors_by_type[error_type] = s.errors_by_type.get(error_type, 0) + 1
+        s.rows = len(self.row_status)
+        finish_stats(s, self.row_status, (), started=started)
         s.latency_p50_s, s.latency_p95_s = self._latency
-        s.elapsed_s = elapsed_s
+        paid_totals(s)
         s.mode = "batch_api"
         s.online_cost_usd = estimate_cost(settings, s.tokens_by_model)
-        online = self.online_tokens
+        online = self.online.tokens_by_model
         by_batch = {model: {name: tokens.get(name, 0) - online.get(model, {}).get(name, 0)
                             for name in ("prompt_tokens", "completion_tokens")}
                     for model, tokens in s.tokens_by_model.items()}
