@@ -37,25 +37,31 @@ from ..semantic.reduce import GroupInput, reduce_groups, reduce_options
 from .runtime import Runtime
 
 AGG_UDF = "__batchllm_agg"
-# (texts, lowest instruction, highest instruction, endpoint) of one group
-Group = tuple[Sequence[Any], Any, Any, Any]
+# (texts, lowest instruction, highest instruction, endpoint) of one group; texts None: a group
+# of no rows (a global aggregate over no input, whose every argument is NULL)
+Group = tuple[Sequence[Any] | None, Any, Any, Any]
 _SQLITE_ANSWERS_KEPT = 4096  # groups a connection remembers (each collect pass asks again)
 
 
 def answer_groups(runtime: Runtime, function: AggregateFunction, groups: Sequence[Group]
                   ) -> list[str | None]:
     """Each group's answer (None for a group of no text); a group that fails fails the query,
-    saying why, after every other group's answers are in the ledger."""
+    saying why, after every other group's answers are in the ledger. A group of no rows is
+    NULL before its arguments are judged: it has no instruction or endpoint to judge (DuckDB
+    hands NULL for each, as SQLite never finalizes such a group and Python has no group)."""
     settings = runtime.client.settings
     by_model: dict[str, list[int]] = {}
-    inputs: list[GroupInput] = []
+    inputs: dict[int, GroupInput] = {}
     for i, (values, lowest, highest, endpoint) in enumerate(groups):
+        if values is None:
+            continue
         instruction = one_instruction(function, lowest, highest)
         model = runtime.model_for(function.name, endpoint, required=False)
         by_model.setdefault(model, []).append(i)
-        inputs.append(GroupInput(instruction, [v for v in values if sendable(v)]))
+        inputs[i] = GroupInput(instruction, [v for v in values if sendable(v)])
+    answers: list[str | None] = [None] * len(groups)
     if not inputs:
-        return []
+        return answers
     runs = []
     for model, indices in by_model.items():
         options = reduce_options(
@@ -69,7 +75,6 @@ def answer_groups(runtime: Runtime, function: AggregateFunction, groups: Sequenc
             reduce_groups(runtime.client, [inputs[i] for i in indices], options)
             for indices, options in runs)))
 
-    answers: list[str | None] = [None] * len(inputs)
     errors: list[str] = []
     # On the runtime's loop, as its batches run: the pool, its limits and breakers are shared.
     reduced = runtime.run(reduce_all())
@@ -105,11 +110,10 @@ def install_duckdb(connection: Any, runtime: Runtime) -> None:
 
     def answer(function, texts, lowest, highest, endpoint):
         spec = AGGREGATES[function[0].as_py()]
+        # list(expr) is NULL only for a group of no rows ([NULL, ...] for rows of NULL text)
         groups = list(zip(texts.to_pylist(), lowest.to_pylist(), highest.to_pylist(),
                           endpoint.to_pylist(), strict=True))
-        return pa.array(answer_groups(runtime, spec, [(v or [], lo, hi, e)
-                                                      for v, lo, hi, e in groups]),
-                        type=pa.string())
+        return pa.array(answer_groups(runtime, spec, groups), type=pa.string())
 
     # side_effects=True: each group's value is asked for once, never folded or repeated.
     connection.create_function(AGG_UDF, answer, ["VARCHAR", "VARCHAR[]", "VARCHAR", "VARCHAR",

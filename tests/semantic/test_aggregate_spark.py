@@ -81,3 +81,22 @@ def test_the_same_sql_gives_the_same_answers_on_duckdb_and_spark(agg_sim, spark,
         with pytest.raises(Exception, match=says):  # while Spark analyses it: no task runs
             spark.sql(f"SELECT {mistake} FROM tickets").collect()
     assert agg_sim.stats(log=False)["requests"] == 2 * sent_by_duckdb
+
+
+@pytest.mark.slow
+def test_no_rows_give_no_row_and_no_error(agg_sim, spark, make_settings, tmp_path):
+    """Over no rows Spark never calls a pandas aggregate UDF: a global aggregate gives no row
+    (where DuckDB and SQLite give one NULL), with no error about arguments no row carries and
+    nothing sent; grouped, no rows are no groups, as on every engine."""
+    from dagster_batchllm.spark import register_ai_functions as register_spark
+
+    spark.createDataFrame([], "product STRING, body STRING").createOrReplaceTempView("none_yet")
+    register_spark(spark, make_settings(agg_sim, store_url=f"sqlite:///{tmp_path / 'l.db'}"))
+
+    for query in ("SELECT ai_agg(body, 'What?') FROM none_yet",
+                  "SELECT ai_summarize_agg(body) FROM none_yet",
+                  "SELECT ai_agg(body, 'What?', 'sim-model') FROM none_yet WHERE 1 = 0",
+                  "SELECT product, ai_agg(body, 'What?') FROM none_yet GROUP BY product"):
+        assert spark.sql(query).collect() == [], query
+    assert spark.sql("SELECT max(body) FROM none_yet").collect()[0][0] is None  # Spark's own
+    assert agg_sim.stats(log=False)["requests"] == 0

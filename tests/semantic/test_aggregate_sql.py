@@ -15,6 +15,7 @@ from dagster_batchllm.ai_functions.outcomes import AIQueryError
 from dagster_batchllm.core.errors import InferenceConfigError
 from dagster_batchllm.simulator.aggregation import answer_text, rows_digest
 from dagster_batchllm.sql import execute, register_ai_functions
+from dagster_batchllm.testing import SimulatedEndpoint
 from tests.semantic.aggregate_helpers import CONTEXT, aggregating_endpoint, complaints
 
 QUERY = """SELECT product, ai_agg(body, 'What do they complain about?') AS verdict,
@@ -99,3 +100,37 @@ def test_a_group_that_cannot_be_answered_fails_the_query_saying_why(agg_sim, cli
     register_ai_functions(lite, client)
     with pytest.raises(AIQueryError, match=says):
         execute(lite, QUERY)
+
+
+@pytest.mark.parametrize("models", [("sim-model",), ("sim-model", "other-model")])
+def test_no_rows_give_null_on_duckdb_and_sqlite_and_send_nothing(make_client, tmp_path, models):
+    """A global aggregate over no rows is NULL, as SQL's own aggregates: its instruction and
+    model are not judged, since no row carries them (DuckDB hands NULL for each; with two
+    served models there is no default either). Rows of NULL text still carry their arguments."""
+    empty_queries = ("SELECT ai_agg(body, 'What?') FROM tickets",
+                     "SELECT ai_summarize_agg(body) FROM tickets",
+                     "SELECT ai_agg(body, 'What?'), ai_summarize_agg(body) FROM tickets "
+                     "WHERE 1 = 0")
+    with SimulatedEndpoint(models=models) as sim:
+        client = make_client(sim)
+        con = duckdb.connect()
+        con.execute("CREATE TABLE tickets (product VARCHAR, body VARCHAR)")
+        register_ai_functions(con, client)
+        lite = sqlite3.connect(tmp_path / "t.db")
+        lite.execute("CREATE TABLE tickets (product TEXT, body TEXT)")
+        register_ai_functions(lite, client)
+
+        for query in empty_queries:
+            width = 2 if "WHERE" in query else 1
+            assert con.sql(query).fetchall() == [(None,) * width], query
+            assert execute(lite, query).fetchall() == [(None,) * width], query
+        grouped = "SELECT product, ai_agg(body, 'What?') FROM tickets GROUP BY product"
+        assert con.sql(grouped).fetchall() == []
+        assert execute(lite, grouped).fetchall() == []
+        assert sim.stats(log=False)["requests"] == 0
+
+        con.execute("INSERT INTO tickets VALUES ('lamp', NULL)")
+        assert con.sql("SELECT ai_agg(body, 'What?', 'sim-model') FROM tickets"
+                       ).fetchall() == [(None,)]
+        with pytest.raises(duckdb.Error, match="argument 'instruction' must be a non-empty"):
+            con.sql("SELECT ai_agg(body, '') FROM tickets").fetchall()
