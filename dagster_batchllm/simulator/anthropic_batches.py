@@ -12,7 +12,7 @@ that stay "processing" until the batch ends, and results as JSONL of ``succeeded
 ``errored``, ``expired`` and ``canceled`` lines, in Anthropic's error envelope. Every call needs
 the key (when the server has one) in ``x-api-key``, or as a bearer token, which is how the
 ``anthropic`` client 2.x sends an ``api_key``, and takes its outcome from the
-``batch_api`` script, as the Files and Batches routes do.
+``batch_api`` script, as the Files and Batches routes do (:mod:`.batch_routes`).
 
 Unlike Anthropic, a batch holds requests of one model (the runner's validation, OpenAI's rule);
 the library cuts its batches per model anyway.
@@ -20,23 +20,23 @@ the library cuts its batches per model anyway.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 from aiohttp import web
 
-from .batch_runner import BatchRunner
+from ..openai_server.protocol import Reject
+from .batch_routes import BatchRoutes, Handler
+from .batch_runner import CANCELLABLE, BatchRunner
 from .state import SimState
 
 MAX_REQUESTS = 100_000
 MAX_BODY_BYTES = 256_000_000
 PREFIX = "msgbatch_"
-CANCELLABLE = ("validating", "in_progress", "finalizing")
 _CUSTOM_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _CHAT_URL = "/v1/chat/completions"
 #: HTTP status -> Anthropic's error type (the envelope's error.type)
@@ -48,13 +48,12 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
                 "content_filter": "refusal"}
 _LINES_PER_WRITE = 2000
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+class AnthropicReject(Reject):
+    """A refusal in Anthropic's error envelope."""
 
-class AnthropicReject(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
+    def body(self) -> dict:
+        return error_envelope(self.status, self.message)
 
 
 def error_envelope(status: int, message: str) -> dict:
@@ -63,54 +62,29 @@ def error_envelope(status: int, message: str) -> dict:
             "request_id": f"req_sim{uuid.uuid4().hex[:16]}"}
 
 
-class AnthropicBatches:
+class AnthropicBatches(BatchRoutes):
+    Rejection = AnthropicReject
+
     def __init__(self, state: SimState, api_key: str | None, runner: BatchRunner):
-        self.state, self.api_key, self.runner = state, api_key, runner
+        super().__init__(state, runner)
+        self.api_key = api_key
 
-    @property
-    def store(self):
-        return self.state.store
-
-    def add_routes(self, router: web.UrlDispatcher) -> None:
-        for method, path, handler in (
+    def routes(self) -> Iterable[tuple[str, str, Handler]]:
+        return (
             ("POST", "/v1/messages/batches", self.create),
             ("GET", "/v1/messages/batches", self.list),
             ("GET", "/v1/messages/batches/{batch_id}", self.retrieve),
             ("GET", "/v1/messages/batches/{batch_id}/results", self.results),
             ("POST", "/v1/messages/batches/{batch_id}/cancel", self.cancel),
-        ):
-            router.add_route(method, path, self._wrap(handler))
+        )
 
-    def _wrap(self, handler: Handler) -> Handler:
-        """Auth, the batch_api script, latency and stats around one route (as BatchApi's)."""
+    def authorized(self, request: web.Request) -> bool:
+        return not self.api_key or self.api_key in (
+            request.headers.get("x-api-key"),
+            request.headers.get("Authorization", "").removeprefix("Bearer "))
 
-        async def call(request: web.Request) -> web.StreamResponse:
-            st, store = self.state, self.store
-            store.api_requests += 1
-            if st.killed:
-                return _drop(request)
-            if self.api_key and self.api_key not in (
-                    request.headers.get("x-api-key"),
-                    request.headers.get("Authorization", "").removeprefix("Bearer ")):
-                return self._error(AnthropicReject(401, "invalid x-api-key"))
-            outcome = st.next_api_outcome()
-            if st.config["batch_api_latency_s"]:
-                await asyncio.sleep(st.config["batch_api_latency_s"])
-            if isinstance(outcome, int):
-                return self._error(AnthropicReject(outcome, f"simulated {outcome} error"))
-            try:
-                response = await handler(request)
-            except AnthropicReject as exc:
-                return self._error(exc)
-            store.count_api_status(response.status)
-            return _drop(request) if outcome == "drop" else response
-
-        return call
-
-    def _error(self, reject: AnthropicReject) -> web.Response:
-        self.store.count_api_status(reject.status)
-        return web.json_response(error_envelope(reject.status, reject.message),
-                                 status=reject.status)
+    def unauthorized(self) -> Reject:
+        return AnthropicReject(401, "invalid x-api-key")
 
     # -- routes ----------------------------------------------------------------------
 
@@ -344,12 +318,6 @@ def _when(seconds: float | None) -> str | None:
     if seconds is None:
         return None
     return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
-
-
-def _drop(request: web.Request) -> web.Response:
-    if request.transport is not None:
-        request.transport.close()
-    return web.Response()
 
 
 __all__ = ["MAX_BODY_BYTES", "AnthropicBatches", "chat_body", "message_of", "result_lines"]

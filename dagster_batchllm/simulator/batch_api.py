@@ -3,43 +3,35 @@
 ``POST /v1/files`` streams a multipart upload to disk; ``GET /v1/files/{id}/content``
 streams it back. ``POST /v1/batches`` creates a batch over an uploaded ``purpose="batch"``
 file; `BatchRunner` moves it through its lifecycle. Every call needs the API key, like the
-model routes, and takes its outcome from the ``batch_api`` script (`SimulatedEndpoint.
-script_batch_api`): an error status answers that error and changes nothing; "drop" does the
-call's work, then closes the connection unanswered (a create the client never hears of).
+model routes, and takes its outcome from the ``batch_api`` script (see :mod:`.batch_routes`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Iterable
 
 from aiohttp import web
 
-from ..openai_server.protocol import Reject, error_response
-from .batch_runner import ENDPOINTS, BatchRunner
-from .batch_store import BatchStore, public
+from ..openai_server.protocol import Reject
+from .batch_routes import BatchRoutes, Handler
+from .batch_runner import CANCELLABLE, ENDPOINTS, BatchRunner
+from .batch_store import public
 from .state import SimState
 
 FILE_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
-CANCELLABLE = ("validating", "in_progress", "finalizing")
 _CHUNK = 1 << 20
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-
-class BatchApi:
+class BatchApi(BatchRoutes):
     def __init__(self, state: SimState, authorized: Callable[[web.Request], bool],
                  runner: BatchRunner):
-        self.state, self.authorized, self.runner = state, authorized, runner
+        super().__init__(state, runner)
+        self._authorized = authorized
 
-    @property
-    def store(self) -> BatchStore:
-        return self.state.store
-
-    def add_routes(self, router: web.UrlDispatcher) -> None:
-        for method, path, handler in (
+    def routes(self) -> Iterable[tuple[str, str, Handler]]:
+        return (
             ("POST", "/v1/files", self.upload),
             ("GET", "/v1/files", self.list_files),
             ("GET", "/v1/files/{file_id}", self.retrieve_file),
@@ -49,36 +41,13 @@ class BatchApi:
             ("GET", "/v1/batches", self.list_batches),
             ("GET", "/v1/batches/{batch_id}", self.retrieve_batch),
             ("POST", "/v1/batches/{batch_id}/cancel", self.cancel_batch),
-        ):
-            router.add_route(method, path, self._wrap(handler))
+        )
 
-    def _wrap(self, handler: Handler) -> Handler:
-        """Auth, the batch_api script, latency and stats around one route."""
+    def authorized(self, request: web.Request) -> bool:
+        return self._authorized(request)
 
-        async def call(request: web.Request) -> web.StreamResponse:
-            st, store = self.state, self.store
-            store.api_requests += 1
-            if st.killed:
-                return _drop(request)
-            if not self.authorized(request):
-                return self._error(Reject(401, "Incorrect API key provided.", "invalid_api_key"))
-            outcome = st.next_api_outcome()
-            if st.config["batch_api_latency_s"]:
-                await asyncio.sleep(st.config["batch_api_latency_s"])
-            if isinstance(outcome, int):
-                return self._error(Reject(outcome, f"simulated {outcome} error"))
-            try:
-                response = await handler(request)
-            except Reject as exc:
-                return self._error(exc)
-            store.count_api_status(response.status)
-            return _drop(request) if outcome == "drop" else response
-
-        return call
-
-    def _error(self, reject: Reject) -> web.Response:
-        self.store.count_api_status(reject.status)
-        return error_response(reject.status, reject.body())
+    def unauthorized(self) -> Reject:
+        return Reject(401, "Incorrect API key provided.", "invalid_api_key")
 
     # -- files -----------------------------------------------------------------------
 
@@ -213,10 +182,3 @@ def _page(records: list[dict], request: web.Request, default_limit: int) -> dict
     return {"object": "list", "data": page, "has_more": len(records) > len(page),
             "first_id": page[0]["id"] if page else None,
             "last_id": page[-1]["id"] if page else None}
-
-
-def _drop(request: web.Request) -> web.Response:
-    if request.transport is not None:
-        request.transport.close()
-    return web.Response()
-

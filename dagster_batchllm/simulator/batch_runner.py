@@ -36,6 +36,7 @@ TICK_S = 0.02
 CHUNK_LINES = 500  # lines per step: the loop serves other requests between steps
 MAX_VALIDATION_ERRORS = 100
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+CANCELLABLE = ("validating", "in_progress", "finalizing")  # the stages a cancel cuts short
 EXPIRED_ERROR = {"code": "batch_expired",
                  "message": "This request could not be executed before the completion window "
                             "expired."}
