@@ -49,8 +49,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     ".tasks.predict.registry": ("ready_registry",),
     ".tasks.predict.resolve": ("ModelsUnresolvedError",),
     ".tasks.predict.scoring": ("predict_isolating_errors",),
-    ".tasks.predict.keyed": ("score_keyed",),
-    ".tasks.predict.keyed_writes": ("BackgroundWrites",),
+    ".tasks.predict.keyed": ("BackgroundWrites", "score_keyed"),
     ".run.gc_pacing": ("fewer_collections",),
     # Errors: raised before anything is sent, and a row's error as data.
     ".errors": ("BatchLLMError", "ContextLengthExceededError", "DeferredError", "ErrorType",
@@ -175,8 +174,7 @@ if TYPE_CHECKING:
     from .tasks.chat.task import ChatTask
     from .tasks.embed.call import EmbedCall
     from .tasks.predict.call import PredictCall
-    from .tasks.predict.keyed import score_keyed
-    from .tasks.predict.keyed_writes import BackgroundWrites
+    from .tasks.predict.keyed import BackgroundWrites, score_keyed
     from .tasks.predict.models import (
         ResolvedModel,
         load_model,

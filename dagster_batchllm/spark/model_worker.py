@@ -54,7 +54,7 @@ class ModelJob:
         return self.use_ledger and all(not m.served for _, m in self.models)
 
     def background_writes(self) -> BackgroundWrites | None:
-        """A writer thread for one task's batches (see :mod:`~.predict.keyed_writes`)."""
+        """A writer thread for one task's batches (see :mod:`~.predict.keyed`)."""
         if not self.keyed:
             return None
         return BackgroundWrites(client_for(self.settings).ledger,

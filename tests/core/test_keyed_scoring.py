@@ -13,8 +13,12 @@ import pytest
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.settings import InferenceSettings, MlflowModelSpec
 from dagster_batchllm.core.tasks.chat.rendering import row_tuples
-from dagster_batchllm.core.tasks.predict.keyed import counters, request_keys, score_keyed
-from dagster_batchllm.core.tasks.predict.keyed_writes import BackgroundWrites
+from dagster_batchllm.core.tasks.predict.keyed import (
+    BackgroundWrites,
+    counters,
+    request_keys,
+    score_keyed,
+)
 from dagster_batchllm.core.tasks.predict.models import resolve_models
 from dagster_batchllm.core.tasks.predict.task import PredictCall, PredictTask
 
