@@ -18,13 +18,11 @@ journal (an answer costs no money; one lost in a crash between the model and the
 scored again by the rerun), no claims between concurrent runs (the Spark driver turns them off:
 a task's rows are its own), no token budget (no tokens).
 
-Ledger writes of :func:`~.keyed.score_keyed` on a thread, while the next batch is
-scored.
-
-A Spark task's batches come one after another: with the write on the task's own thread, each
+The writes can go on a thread (:class:`BackgroundWrites`, ``score_keyed(writes=...)``): a
+Spark task's batches come one after another, and with the write on the task's own thread each
 batch waits for SQLite (a few microseconds per row, and the other workers' write locks, which
-SQLite waits out by sleeping). Here the write of batch k runs while batch k+1 is transferred and
-scored. ``drain`` waits until everything handed over is written and raises the first failure:
+SQLite waits out by sleeping). There the write of batch k runs while batch k+1 is transferred
+and scored. ``drain`` waits until everything handed over is written and raises the first failure:
 the task calls it before it ends, so a task that succeeds has every prediction in the ledger
 and a retried or rerun task scores none of them again. What a crash loses before the write
 (at most ``max_pending`` batches and the one being written) is scored again by the retry:
@@ -261,6 +259,7 @@ def _unusable(ref: str, model: ResolvedModel | None) -> RowError:
                                  f"unknown model '{ref}'")
 
 
+# -- the ledger writes, on a thread -----------------------------------------------------------
 class BackgroundWrites:
     """One writer thread for one task's batches (one call: one scope and partition)."""
 
