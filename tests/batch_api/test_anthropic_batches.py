@@ -21,10 +21,8 @@ from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.delivery.batch_api.anthropic import (
     AnthropicBatchProtocol,
     BatchNotYetKnown,
-    key_of,
-)
-from dagster_batchllm.core.delivery.batch_api.anthropic_messages import (
     CannotExpress,
+    key_of,
     messages_params,
 )
 from dagster_batchllm.core.errors import InferenceConfigError

@@ -78,7 +78,7 @@ def test_cached_tokens_are_read_from_openai_and_vllm_usage_and_are_0_where_absen
 
 
 def test_anthropic_cache_reads_are_the_cached_tokens_of_a_batch_result():
-    from dagster_batchllm.core.delivery.batch_api.anthropic_messages import chat_reply
+    from dagster_batchllm.core.delivery.batch_api.anthropic import chat_reply
     from dagster_batchllm.core.delivery.transport import completion_from_payload
 
     message = {"content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",

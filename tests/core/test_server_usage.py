@@ -141,7 +141,7 @@ def test_a_cost_is_never_negative():
 
 
 def test_anthropic_usage_that_is_no_count_reads_as_the_ceiling_without_a_crash():
-    from dagster_batchllm.core.delivery.batch_api.anthropic_messages import (
+    from dagster_batchllm.core.delivery.batch_api.anthropic import (
         chat_reply,
         message_answer,
     )
