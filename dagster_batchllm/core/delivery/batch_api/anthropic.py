@@ -2,10 +2,10 @@
 ``anthropic`` client.
 
 Each line of a batch file is one request of the batch (``{"custom_id", "params"}``, its
-params translated from the row's chat body when the line is written, see
-below); :meth:`AnthropicBatchProtocol.submit` posts the file as the
-create call's JSON body, streamed from disk. The results are Messages, read back into the
-chat answers the ledger keeps.
+params translated from the row's chat body when the line is written, :func:`messages_params`);
+:meth:`AnthropicBatchProtocol.submit` posts the file as the create call's JSON body, streamed
+from disk. The results are Messages, read back into the chat answers the ledger keeps
+(:func:`message_answer`, :func:`chat_reply`).
 
 Anthropic's batches carry no metadata, so the submission id travels in the custom ids: a
 request key (64 hex digits) is sent as its 43 base64url characters and 20 characters of the
@@ -15,12 +15,10 @@ its request count and creation time where this process made the create call, and
 ``find`` says it cannot tell yet (the collector asks again at its next poll) rather than
 answer "never created", which would submit the rows a second time.
 
-A chat-completions body as Anthropic Messages parameters, and a Message as what it answered.
-
-The library renders every chat row as an OpenAI chat-completions body (its request key is the
-hash of those bytes), so the Anthropic batch protocol translates each body when it writes the
-row's line, and each Message of the results back into the text, usage and finish reason the
-ledger keeps. What the Messages API cannot express fails the row with the reason
+The translation: the library renders every chat row as an OpenAI chat-completions body (its
+request key is the hash of those bytes), so each body is translated when its line is written,
+and each Message of the results back into the text, usage and finish reason the ledger
+keeps. What the Messages API cannot express fails the row with the reason
 (:class:`CannotExpress`); nothing is silently dropped, since a dropped field (a seed, a penalty,
 ``detail="low"``) would be an answer to another request than the one the key names.
 """
@@ -324,6 +322,7 @@ def _request_body(handle: Any, tag: str) -> Iterator[bytes]:
     yield b"]}"
 
 
+# -- a chat-completions body as Messages parameters, and a Message as what it answered ------
 class CannotExpress(ValueError):
     """The body holds something the Messages API has no way to say."""
 
