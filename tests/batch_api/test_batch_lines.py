@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dagster_batchllm.core.delivery.batch_api.lines import chat_answer_block, line_blocks
-from dagster_batchllm.core.delivery.batch_api.protocol import OpenAIBatchProtocol
+from dagster_batchllm.core.delivery.batch_api.openai import OpenAIBatchProtocol
 from dagster_batchllm.core.delivery.transport import completion_from_payload
 from dagster_batchllm.core.errors import RowError
 from dagster_batchllm.core.settings import EndpointSpec

@@ -30,7 +30,7 @@ from typing import Any
 from ..delivery.batch_api.book import COLLECTED, SUBMIT_FAILED, BatchBook
 from ..delivery.batch_api.collect import BatchCollector, progress_line
 from ..delivery.batch_api.delivery import LEFT_FOR_ONLINE, BatchDelivery
-from ..delivery.batch_api.protocol import batch_config_problem, protocol_for
+from ..delivery.batch_api.providers import batch_config_problem, protocol_for
 from ..delivery.batch_api.submit import batch_name
 from ..delivery.limits import CostBudget, TokenBudget
 from ..errors import InferenceConfigError

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from ..delivery.batch_api.book import COLLECTED, COLLECTING, ENDED, SUBMIT_FAILED, BatchBook
 from ..delivery.batch_api.collect import BatchCollector
-from ..delivery.batch_api.protocol import protocol_for
+from ..delivery.batch_api.providers import protocol_for
 from ..ledger.deferrals import waiting_in_ledger
 from ..ledger.table import DEFAULT_LEDGER_TABLE, Ledger
 from ..settings import InferenceSettings

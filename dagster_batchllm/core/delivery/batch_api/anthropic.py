@@ -46,7 +46,7 @@ from ...settings import EndpointSpec
 from ...usage import TOKEN_CEILING, token_figure
 from ..transport import CHAT_ROUTE
 from .lines import AnswerBlock, line_blocks, oversized_error
-from .protocol_types import BatchStatus, LineResult, http_client
+from .protocol import BatchStatus, LineResult, http_client
 
 #: Anthropic's bounds on one batch (requests, bytes of the create call's body).
 MAX_REQUESTS, MAX_BODY_BYTES = 100_000, 256_000_000
