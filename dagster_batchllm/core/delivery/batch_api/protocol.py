@@ -32,12 +32,12 @@ _TLS_LOCK = threading.Lock()
 
 
 def http_client(sdk: Any) -> Any:
-    """The HTTP client for a client of ``sdk`` (``openai`` or ``anthropic``, both on httpx),
-    on one TLS context per process. A new client makes a
-    context, which loads the system's CA certificates: about 50 ms of CPU, that every batch
-    call (a protocol per endpoint) and every batch sensor tick paid again. The context is
-    made as the client's HTTP library makes its default one; None (the client's default)
-    where that library offers no such call."""
+    """The HTTP client for a protocol's client of ``sdk`` (``openai`` or ``anthropic``, both
+    on httpx), on one TLS context per process. A new client makes a context, which loads the
+    system's CA certificates: about 50 ms of CPU, that every batch call (a protocol per
+    endpoint) and every batch sensor tick paid again. The context is made as the client's
+    HTTP library makes its default one; None (the client's default) where that library offers
+    no such call."""
     with _TLS_LOCK:
         if not _TLS:
             library = sys.modules.get(sdk.DefaultHttpxClient.__mro__[1].__module__
@@ -49,6 +49,8 @@ def http_client(sdk: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class BatchStatus:
+    """What a poll says of a batch."""
+
     batch_id: str
     status: str  # the provider's word; see :data:`~.book.ENDED`
     ended: bool
