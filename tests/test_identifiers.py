@@ -126,7 +126,7 @@ def test_longest_accepted_ledger_table_works_on_postgres_and_longer_is_refused(p
     """The ledger derives index and table names from its own; they must fit 63 characters."""
     ledger = Ledger(pg_url, "l" * 43)
     try:
-        from dagster_batchllm.core.run.coordinator import RunCoordinator
+        from dagster_batchllm.core.run.coordination import RunCoordinator
 
         coordinator = RunCoordinator(ledger.engine, ledger.table, ["ep0"])
         assert coordinator.heartbeat() == {"ep0": 1}

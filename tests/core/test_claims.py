@@ -20,8 +20,7 @@ import sqlalchemy as sa
 
 from dagster_batchllm.core.errors import ClaimsUnavailableError, LedgerUnwritable
 from dagster_batchllm.core.ledger.table import Ledger
-from dagster_batchllm.core.run.coordination import RunCoordination
-from dagster_batchllm.core.run.coordinator import RunCoordinator
+from dagster_batchllm.core.run.coordination import RunCoordination, RunCoordinator
 
 log = logging.getLogger("test_claims")
 
