@@ -28,10 +28,9 @@ run has written it (or sent after all, if that run failed it, deferred it or die
 when its outcome is written. A run on this host whose process is gone is known dead at once, so
 a rerun after a crash takes over its claims (and its share) without waiting for it to go stale.
 
-Everything one run does with the other runs that share its endpoints and its ledger.
-
-:class:`~.coordination.RunCoordinator` is the database side (who is live, what each claims);
-this is the run's side of it, so the engine makes a few calls and knows nothing of heartbeats:
+Two parts: :class:`RunCoordinator` is the database side (who is live, what each claims, in
+the tables beside the ledger); :class:`RunCoordination` is the run's side of it, everything one
+run does with the other runs, so the engine makes a few calls and knows nothing of heartbeats:
 
 * ``join``: register, and when others are sending, wait a heartbeat so they shrink first;
 * ``heartbeat_loop``: renew, and hand the pool this run's part of each endpoint as ONE
@@ -89,6 +88,7 @@ _MIN_CLAIM_SLICE = 64
 Item = TypeVar("Item")  # what the run waits for per parked request (the engine's KeyState)
 
 
+# -- the database side: the tables beside the ledger ------------------------------------------
 def _beside(ledger_table: sa.Table, suffix: str, *columns: sa.Column,
             **options: Any) -> sa.Table:
     """A table next to the ledger (same schema, the ledger's name plus ``suffix``)."""
@@ -397,7 +397,11 @@ class RunCoordinator:
                 (key_list.encode(batch), self.holder_id))
 
 
+# -- the run's side ----------------------------------------------------------------------------
 class RunCoordination(Generic[Item]):
+    """One run's side of the coordination (see the module): joins, heartbeats, claims, parks
+    and leaves through its :class:`RunCoordinator`."""
+
     def __init__(self, coordinator: RunCoordinator, pool: EndpointPool, *, interval_s: float,
                  log: Any, outage_s: float = 120.0, where: str = "the ledger database"):
         """``outage_s``: how long claims may keep failing (sending paused) before the run
