@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..delivery.limits import CostBudget, TokenBudget, cost_bound
 from ..errors import DeferredError, InferenceConfigError
-from ..pricing import cost_at
 from ..usage import hold_to_bound
 
 if TYPE_CHECKING:
     from ..delivery.base import Attempts
     from ..requests import RowRequest
     from ..settings import InferenceSettings
+    from .figures import ReplyPrices
     from .plan import Plan
 
 
@@ -52,38 +52,50 @@ def check_planned_cost(settings: InferenceSettings, budget_usd: float, plan: Pla
 
 
 class RunBudgets:
-    """The budgets of :class:`~.engine.InferenceRun`, mixed into it (``budget``: tokens,
-    ``cost_budget``: USD; either may be None)."""
+    """A run's budgets, in tokens (``token_budget``) and USD (``budget_usd``): whether a
+    request may go now (:meth:`try_reserve`), and what it used once it went (:meth:`settle`).
+    The run holds one only when it has a budget (:meth:`of`)."""
 
-    budget: TokenBudget | None
-    cost_budget: CostBudget | None
+    def __init__(self, settings: InferenceSettings, prices: ReplyPrices, *,
+                 tokens: int | None, usd: float | None):
+        """``prices``: the run's, which price a reply for the USD budget as for its record."""
+        self.settings, self.prices = settings, prices
+        self.tokens = TokenBudget(tokens) if tokens is not None else None
+        self.usd = CostBudget(usd) if usd is not None else None
 
-    def _try_reserve(self, request: RowRequest) -> TokenBudget | None:
+    @classmethod
+    def of(cls, settings: InferenceSettings, prices: ReplyPrices, *, tokens: int | None,
+           usd: float | None) -> RunBudgets | None:
+        """The run's budgets; None without any (nothing to ask before each request)."""
+        if tokens is None and usd is None:
+            return None
+        return cls(settings, prices, tokens=tokens, usd=usd)
+
+    def try_reserve(self, request: RowRequest) -> TokenBudget | None:
         """Reserve what ``request`` may use in every budget, or in none: None when it fits,
         else the budget that refused it."""
-        budget, cost_budget = self.budget, self.cost_budget
-        if budget is not None and not budget.try_reserve(request.reserve_tokens):
-            return budget
-        if cost_budget is not None and not cost_budget.try_reserve(
-                cost_bound(self.settings, request, batch=self._batch_priced)):
-            if budget is not None:
-                budget.settle(request.reserve_tokens, 0)
-            return cost_budget
+        tokens, usd = self.tokens, self.usd
+        if tokens is not None and not tokens.try_reserve(request.reserve_tokens):
+            return tokens
+        if usd is not None and not usd.try_reserve(self._bound(request)):
+            if tokens is not None:
+                tokens.settle(request.reserve_tokens, 0)
+            return usd
         return None
 
-    def _settle_budgets(self, request: RowRequest, attempts: Attempts, reply: Any) -> None:
+    def settle(self, request: RowRequest, attempts: Attempts, reply: Any) -> None:
         """Replace ``request``'s reservations by what it used (``reply``: its Completion, or
         None when it got none). Never more than was reserved, nor less than nothing, whatever
         the server reported (:mod:`..usage`): a figure past the bound counts as the bound."""
         if reply is not None:
             hold_to_bound(reply, request)
-        if self.budget is not None:
+        if self.tokens is not None:
             spent = attempts.spent
             reserved = request.reserve_tokens
-            self.budget.settle(reserved, spent if 0 <= spent <= reserved else reserved)
-        cost_budget = self.cost_budget
-        if cost_budget is not None:
-            bound = cost_bound(self.settings, request, batch=self._batch_priced)
+            self.tokens.settle(reserved, spent if 0 <= spent <= reserved else reserved)
+        usd = self.usd
+        if usd is not None:
+            bound = self._bound(request)
             if reply is None:
                 actual = 0.0
             elif not reply.usage_reported:  # not told: it may have cost its bound
@@ -91,29 +103,24 @@ class RunBudgets:
             else:
                 # (at most the bound: a price of the endpoint that answered is at most the
                 # dearest, which the bound is at)
-                actual = min(bound, self._reply_cost(request.model, attempts.endpoint, reply))
-            cost_budget.settle(bound, actual)
+                actual = min(bound, self.prices.cost(request.model, attempts.endpoint, reply))
+            usd.settle(bound, actual)
 
-    def _reply_cost(self, model: str, endpoint: str | None, reply: Any) -> float:
-        at_endpoint = self._rates.setdefault(endpoint, {})
-        if model not in at_endpoint:
-            price = self.settings.price_at(model, endpoint)
-            at_endpoint[model] = (price.per_token(batch=self._batch_priced)
-                                  if price is not None else None)
-        rates = at_endpoint[model]
-        if rates is None:
-            return 0.0
-        return cost_at(rates, reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens)
-
-    def _over_budget(self, refused: TokenBudget, request: RowRequest) -> DeferredError:
+    def over_budget(self, refused: TokenBudget, request: RowRequest) -> DeferredError:
+        """Why ``request`` is deferred: ``refused`` (a budget :meth:`try_reserve` named) has
+        too little left while nothing in flight can free any."""
         if isinstance(refused, CostBudget):
-            bound = cost_bound(self.settings, request, batch=self._batch_priced)
             return DeferredError(
                 f"the budget (${refused.total:.6f}) has ${max(0.0, refused.remaining):.6f} "
-                f"left, this request may cost up to ${bound:.6f}; a later call will send it")
+                f"left, this request may cost up to ${self._bound(request):.6f}; a later call "
+                "will send it")
         return DeferredError(
             f"the token budget ({refused.total}) has {refused.remaining} tokens "
             f"left, this request may need {request.reserve_tokens}; a later call will send it")
 
+    def _bound(self, request: RowRequest) -> float:
+        """The most ``request`` may cost: its prompt's strict bound and ``max_tokens``, at
+        the dearest price of its model."""
+        return cost_bound(self.settings, request, batch=self.prices.batch)
 
 __all__ = ["RunBudgets", "check_planned_cost"]

@@ -10,8 +10,11 @@ many items, so a row costs no coroutine step or future of its own.
 What the run does with each row is split by job: a *task* (:mod:`.tasks`) turns rows into
 request items and replies into values, a *delivery* (:mod:`.delivery`) gets each item to a model
 (endpoint pool, transport, retries), :mod:`.coordination` deals with the other runs, the
-ledger writer (:mod:`.writer`) keeps outcomes. What is left here: deduplication, the
-ledger cache, the token budget, the outcome of every row, progress and the run's figures.
+ledger writer (:mod:`.writer`) keeps outcomes. The run holds two collaborators of its own: its
+budgets (:class:`~.budgets.RunBudgets`), which say whether a request may go now, and its row
+outcomes (:class:`~.outcomes.RowOutcomes`), which settle each reply or error into its rows and
+their ledger record. What is left here: the workers, deduplication, the ledger cache,
+progress and the run's figures.
 
 Every row ends in exactly one state (:class:`~.results.RowStatus`): ok (answered, possibly by an
 identical row of the same call), cached (from the ledger), failed (with a typed reason) or
@@ -23,11 +26,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from array import array
 from typing import Any
 
 from ..delivery.base import Attempts, Delivery
-from ..delivery.limits import CostBudget, TokenBudget
 from ..delivery.pool import EndpointPool
 from ..errors import DeferredError, InternalError, LedgerUnwritable, RowError
 from ..ledger.table import OK, Ledger
@@ -38,7 +39,7 @@ from ..tasks.base import Task
 from ..tasks.chat.rendering import row_tuples
 from .budgets import RunBudgets
 from .coordination import RunCoordination
-from .figures import Progress, add_paid, estimate_cost, finish_stats
+from .figures import Progress, ReplyPrices, add_paid, estimate_cost, finish_stats
 from .gc_pacing import fewer_collections
 from .outcomes import ERROR_TYPE_VALUES, KeyState, RowOutcomes
 
@@ -54,7 +55,7 @@ _CACHED, _FAILED = RowStatus.CACHED, RowStatus.FAILED
 log = logging.getLogger("dagster_batchllm")
 
 
-class InferenceRun(RowOutcomes, RunBudgets):
+class InferenceRun:
     def __init__(
         self,
         settings: InferenceSettings,
@@ -79,40 +80,51 @@ class InferenceRun(RowOutcomes, RunBudgets):
         self.inputs = inputs
         self.pool = pool
         self.ledger = ledger
-        self.budget = TokenBudget(token_budget) if token_budget is not None else None
-        self.cost_budget = CostBudget(budget_usd) if budget_usd is not None else None
-        self._budgeted = self.budget is not None or self.cost_budget is not None
         self.partition_key = partition_key or ""
         self.scope = scope or ""
         self.run_id = run_id
         self.log = logger or log
-        n = len(inputs)
-        self.outputs: list[Any] = [None] * n
-        self.errors: list[str | None] = [None] * n
-        self.error_types: list[str | None] = [None] * n  # the ErrorType value of a row's error
-        self.row_status = bytearray(n)  # a RowStatus per row
-        self.stats = InferenceStats(rows=n)
-        self._latencies = array("d")
-        self._inflight: dict[str, KeyState] = {}
-        self._settled_not_ok: dict[str, tuple[int, str | None, str | None]] = {}
-        self._writer = LedgerWriter(ledger, room=settings.ledger_flush_rows,
-                                    interval_s=settings.ledger_flush_interval_s,
-                                    on_written=self._written_to_ledger, log=self.log,
-                                    outage_s=settings.ledger_outage_s)
+        self.stats = InferenceStats(rows=len(inputs))
         self.task = task
         self.delivery = delivery
         # Replies are priced where they came from: a batch line (a delivery that keeps its
         # answers in the batch book) at the batch price.
-        self._batch_priced = delivery.keeps_answers
-        self._rates: dict[str | None, dict[str, tuple[float, float, float] | None]] = {}
-        self._paid: dict[str, list] = {}  # per model: see RowOutcomes._record
+        self.prices = ReplyPrices(settings, batch=delivery.keeps_answers)
+        self.budgets = RunBudgets.of(settings, self.prices, tokens=token_budget, usd=budget_usd)
+        self._writer = LedgerWriter(ledger, room=settings.ledger_flush_rows,
+                                    interval_s=settings.ledger_flush_interval_s,
+                                    on_written=_written_after_the_run, log=self.log,
+                                    outage_s=settings.ledger_outage_s)
+        self.outcomes = RowOutcomes(len(inputs), task=task, writer=self._writer,
+                                    prices=self.prices, stats=self.stats, scope=self.scope,
+                                    partition_key=self.partition_key, run_id=run_id,
+                                    log=self.log)
+        self._writer.on_written = self.outcomes.written  # a write ends its keys' flight
         self._coordination: RunCoordination[KeyState] | None = None
         self._per_send = 1  # items a worker hands the delivery at once (set by run)
         self._busy_workers = 0  # workers with a parcel in hand
-        self._done_rows = 0
         self._started = 0.0
         # Every request key the input asks for, when the caller retires the others afterwards.
         self.keys: set[str] | None = set() if collect_keys else None
+
+    # The rows' outcomes, in input order, as the result reads them once the run has ended.
+    @property
+    def outputs(self) -> list[Any]:
+        return self.outcomes.outputs
+
+    @property
+    def errors(self) -> list[str | None]:
+        return self.outcomes.errors
+
+    @property
+    def error_types(self) -> list[str | None]:
+        """The ErrorType value of each row's error."""
+        return self.outcomes.error_types
+
+    @property
+    def row_status(self) -> bytearray:
+        """A RowStatus per row."""
+        return self.outcomes.row_status
 
     # -- the run -----------------------------------------------------------------------------
     async def run(self) -> InferenceStats:
@@ -136,6 +148,7 @@ class InferenceRun(RowOutcomes, RunBudgets):
                 self.settings, self.ledger, self.pool, log=self.log,
                 description=f"run {self.run_id or '-'} partition {self.partition_key or '-'}")
             if coordination is not None:  # claims end in the write of their answers
+                self.outcomes.records_end_claims = True
                 self._writer.in_write = coordination.release_in
                 coordination.before_takeover = self._writer.fold_abandoned
                 coordination.writer_gave_up = lambda: self._writer.error
@@ -218,23 +231,25 @@ class InferenceRun(RowOutcomes, RunBudgets):
         claim_slice = (coordination.claim_slice(self.delivery.capacity())
                        if coordination is not None else 0)
         keys, refusal = self.keys, self.delivery.refusal
-        inflight, settled_not_ok = self._inflight, self._settled_not_ok
+        outcomes = self.outcomes
+        inflight, settled_not_ok = outcomes.inflight, outcomes.settled_not_ok
+        finish_rows = outcomes.finish_rows
         for start in range(0, len(self.inputs), chunk_rows):
             rows = row_tuples(self.inputs.iloc[start:start + chunk_rows])
             fresh: dict[str, KeyState] = {}
             for offset, item in enumerate(self.task.requests(rows)):
                 row = start + offset
                 if isinstance(item, RowError):
-                    self._finish_rows([row], _FAILED, error=item.as_cell(),
-                                      error_type=item.error_type.value)
+                    finish_rows([row], _FAILED, error=item.as_cell(),
+                                error_type=item.error_type.value)
                     continue
                 key = item.key
                 if keys is not None:
                     keys.add(key)
                 problem = refusal(item)
                 if problem is not None:
-                    self._finish_rows([row], _FAILED, error=problem.as_cell(),
-                                      error_type=problem.error_type.value)
+                    finish_rows([row], _FAILED, error=problem.as_cell(),
+                                error_type=problem.error_type.value)
                     continue
                 state = inflight.get(key) or fresh.get(key)
                 if state is not None:
@@ -243,13 +258,13 @@ class InferenceRun(RowOutcomes, RunBudgets):
                         state.rows.append(row)
                     else:  # answered already, its record not written yet
                         row_status, value, error, error_type = state.outcome
-                        self._finish_rows([row], row_status, value=value, error=error,
-                                          error_type=error_type)
+                        finish_rows([row], row_status, value=value, error=error,
+                                    error_type=error_type)
                     continue
                 settled = settled_not_ok.get(key)
                 if settled is not None:
                     self.stats.deduplicated += 1
-                    self._finish_rows([row], settled[0], error=settled[1], error_type=settled[2])
+                    finish_rows([row], settled[0], error=settled[1], error_type=settled[2])
                     continue
                 fresh[key] = KeyState(item, row)
             if fresh:
@@ -263,7 +278,7 @@ class InferenceRun(RowOutcomes, RunBudgets):
             for at in range(0, len(pending), claim_slice):
                 part = dict(pending[at:at + claim_slice])
                 for key in await coordination.claim(list(part)):
-                    self._inflight[key] = state = part.pop(key)
+                    inflight[key] = state = part.pop(key)
                     coordination.park(key, state)
                 # Answered and released by another run between the lookup and the claim?
                 await self._answer_from_ledger(part)
@@ -278,10 +293,10 @@ class InferenceRun(RowOutcomes, RunBudgets):
     async def _enqueue(self, queue: asyncio.Queue, states: dict[str, KeyState]) -> None:
         """Hand ``states`` to the workers, ``per_send`` at a time (waits while the queue is
         full: what is not queued yet is not sent yet)."""
-        per_send = self._per_send
+        per_send, inflight = self._per_send, self.outcomes.inflight
         parcel: list[KeyState] = []
         for key, state in states.items():
-            self._inflight[key] = state
+            inflight[key] = state
             parcel.append(state)
             if len(parcel) >= per_send:
                 await queue.put(parcel)
@@ -302,6 +317,7 @@ class InferenceRun(RowOutcomes, RunBudgets):
                 return
         hits = await asyncio.to_thread(self.ledger.lookup_ok, keys, self.partition_key,
                                        self.scope)
+        outcomes = self.outcomes
         for key, hit in hits.items():
             state = states[key]
             try:
@@ -311,11 +327,11 @@ class InferenceRun(RowOutcomes, RunBudgets):
                 # does (a hand-edited ledger), send the request again rather than guess.
                 continue
             del states[key]
-            self._finish_rows(state.rows, _CACHED, value=value)
+            outcomes.finish_rows(state.rows, _CACHED, value=value)
             if hit["partition_key"] != self.partition_key or hit["scope"] != self.scope:
                 # Record the answer under this partition too, so its bookkeeping is complete.
-                self._record(state.request, OK, response=hit["response"], attempts=0,
-                             endpoint="ledger")
+                outcomes.record(state.request, OK, response=hit["response"], attempts=0,
+                                endpoint="ledger")
 
     async def _worker(self, queue: asyncio.Queue) -> None:
         while (parcel := await queue.get()) is not None:
@@ -328,26 +344,22 @@ class InferenceRun(RowOutcomes, RunBudgets):
             except asyncio.CancelledError:
                 raise
             except LedgerUnwritable as exc:  # reported once, by the flush loop and the last write
-                self._settle_unsettled(parcel, InternalError(str(exc)))
+                self.outcomes.settle_unsettled(parcel, InternalError(str(exc)))
             except Exception as exc:  # a bug must not take the other rows down with it
                 self.log.exception("batchllm: internal error while processing a request")
-                self._settle_unsettled(parcel, InternalError(f"{type(exc).__name__}: {exc}"))
+                self.outcomes.settle_unsettled(parcel,
+                                               InternalError(f"{type(exc).__name__}: {exc}"))
             finally:
                 self._busy_workers -= 1
-
-    def _settle_unsettled(self, states: list[KeyState], error: RowError) -> None:
-        for state in states:
-            if state.outcome is None:
-                self._settle_error(state, error)
 
     async def _process(self, state: KeyState) -> None:
         await self._writer.wait_for_room()
         request = state.request
-        budgeted = self._budgeted
-        if budgeted:
-            while (refused := self._try_reserve(request)) is not None:
+        budgets = self.budgets
+        if budgets is not None:
+            while (refused := budgets.try_reserve(request)) is not None:
                 if refused.idle:  # nothing in flight to free any: it never fits in this call
-                    self._settle_error(state, self._over_budget(refused, request))
+                    self.outcomes.settle_error(state, budgets.over_budget(refused, request))
                     return
                 await refused.wait_for_settlement()
         attempts = Attempts()
@@ -355,27 +367,27 @@ class InferenceRun(RowOutcomes, RunBudgets):
         try:
             completion = await self.delivery.send(request, attempts)
         except RowError as exc:
-            self._settle_error(state, exc, attempts.count, attempts.endpoint)
+            self.outcomes.settle_error(state, exc, attempts.count, attempts.endpoint)
             return
         finally:
             self.stats.requests += attempts.sent
             self.stats.retries += max(0, attempts.count - 1)
-            if budgeted:
-                self._settle_budgets(request, attempts, completion)
-        self._conclude(state, completion, attempts)
+            if budgets is not None:
+                budgets.settle(request, attempts, completion)
+        self.outcomes.conclude(state, completion, attempts)
 
     async def _process_many(self, states: list[KeyState]) -> None:
         """``_process`` for a parcel: one ``send_many`` for the items the budget lets go now
         (in order; the rest wait for settlements as a single item does)."""
-        budgeted, stats = self._budgeted, self.stats
+        budgets, stats, outcomes = self.budgets, self.stats, self.outcomes
         pending = states
         while pending:
             await self._writer.wait_for_room()
             batch = pending
-            if budgeted:
+            if budgets is not None:
                 fits, refused = 0, None
                 for state in pending:
-                    refused = self._try_reserve(state.request)
+                    refused = budgets.try_reserve(state.request)
                     if refused is not None:
                         break
                     fits += 1
@@ -383,7 +395,7 @@ class InferenceRun(RowOutcomes, RunBudgets):
                 if not batch:
                     if refused.idle:
                         state = pending.pop(0)
-                        self._settle_error(state, self._over_budget(refused, state.request))
+                        outcomes.settle_error(state, budgets.over_budget(refused, state.request))
                     else:
                         await refused.wait_for_settlement()
                     continue
@@ -401,36 +413,30 @@ class InferenceRun(RowOutcomes, RunBudgets):
                         retried += tried.count - 1
                 stats.requests += sent
                 stats.retries += retried
-                if budgeted:
+                if budgets is not None:
                     for j, (state, tried) in enumerate(zip(batch, attempts, strict=True)):
                         reply = results[j] if results is not None else None
-                        self._settle_budgets(state.request, tried,
-                                             None if isinstance(reply, RowError) else reply)
+                        budgets.settle(state.request, tried,
+                                       None if isinstance(reply, RowError) else reply)
             answered: list[tuple[KeyState, Any, Attempts]] = []
             kept: list[KeyState] = []  # deferred with the parcel's first kept deferral
             kept_error: DeferredError | None = None
-            settle_error = self._settle_error
+            settle_error = outcomes.settle_error
             for state, result, tried in zip(batch, results, attempts, strict=True):
                 if not isinstance(result, RowError):
                     answered.append((state, result, tried))
                 elif result is kept_error:  # a batch file's rows share their deferral
                     kept.append(state)
-                elif kept_error is None and self._kept(result):
+                elif kept_error is None and outcomes.kept(result):
                     kept_error = result
                     kept.append(state)
                 else:
                     settle_error(state, result, tried.count, tried.endpoint)
             if kept:
-                self._defer_kept(kept, kept_error.as_cell(),
-                                 ERROR_TYPE_VALUES[kept_error.error_type])
+                outcomes.defer_kept(kept, kept_error.as_cell(),
+                                    ERROR_TYPE_VALUES[kept_error.error_type])
             if answered:
-                self._conclude_many(answered)
-
-    # -- ledger writes -----------------------------------------------------------------------
-    def _written_to_ledger(self, keys: list[str]) -> None:
-        """Runs on the writer's thread after each write (which ended their claims)."""
-        for key in keys:
-            self._inflight.pop(key, None)
+                outcomes.conclude_many(answered)
 
     # -- progress and figures ----------------------------------------------------------------
     async def _progress_loop(self) -> None:
@@ -438,12 +444,13 @@ class InferenceRun(RowOutcomes, RunBudgets):
         progress = Progress(total=len(self.inputs), started=self._started, interval_s=interval)
         while True:
             await asyncio.sleep(interval)
-            self.log.info(progress.line(self._done_rows, self.stats))
+            self.log.info(progress.line(self.outcomes.done_rows, self.stats))
 
     def _finish_stats(self) -> None:
-        finish_stats(self.stats, self.row_status, self._latencies, started=self._started)
+        finish_stats(self.stats, self.outcomes.row_status, self.outcomes.latencies,
+                     started=self._started)
         self.stats.endpoints = self.delivery.snapshot()
-        add_paid(self.stats, self._paid)
+        add_paid(self.stats, self.prices.paid)
         self.stats.estimated_cost_usd = estimate_cost(self.settings, self.stats.tokens_by_model)
 
 

@@ -1,10 +1,13 @@
-"""A run's figures: the progress line it logs as it goes, and its stats when it ends."""
+"""A run's figures: the progress line it logs as it goes, what its replies cost, and its stats
+when it ends."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
+from ..pricing import cost_at
 from ..results import InferenceStats, RowStatus
 from ..settings import InferenceSettings
 
@@ -36,6 +39,57 @@ class Progress:
         return (f"batchllm: {done}/{total} rows ({100 * done / max(total, 1):.0f}%), "
                 f"{rate:.0f} rows/s, {tokens / max(elapsed, 1e-9):.0f} tokens/s, "
                 f"{failed} failed rows, {outlook}")
+
+
+class ReplyPrices:
+    """What a run's replies cost, each at its model's price at the endpoint that answered it
+    (online, or a batch line at the batch price: ``batch``), looked up once per endpoint and
+    model; and what the run paid, per model (``paid``, for :func:`add_paid`). The run's
+    records (:meth:`pay`) and its USD budget (:meth:`cost`) price a reply alike."""
+
+    __slots__ = ("settings", "batch", "paid", "_rates")
+
+    def __init__(self, settings: InferenceSettings, *, batch: bool):
+        self.settings, self.batch = settings, batch
+        #: per model: [USD of the priced replies, cached tokens, unpriced replies]
+        self.paid: dict[str, list] = {}
+        self._rates: dict[str | None, dict[str, tuple[float, float, float] | None]] = {}
+
+    def rates(self, model: str, endpoint: str | None) -> tuple[float, float, float] | None:
+        """The model's per-token prices at ``endpoint`` (:meth:`~..pricing.Price.per_token`);
+        None where it has no price."""
+        at_endpoint = self._rates.get(endpoint)
+        if at_endpoint is None:
+            at_endpoint = self._rates[endpoint] = {}
+        rates = at_endpoint.get(model, False)
+        if rates is False:
+            price = self.settings.price_at(model, endpoint)
+            rates = at_endpoint[model] = (price.per_token(batch=self.batch)
+                                          if price is not None else None)
+        return rates
+
+    def cost(self, model: str, endpoint: str | None, reply: Any) -> float:
+        """What ``reply`` (a Completion) cost; 0 where its model has no price."""
+        rates = self.rates(model, endpoint)
+        if rates is None:
+            return 0.0
+        return cost_at(rates, reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens)
+
+    def pay(self, model: str, endpoint: str | None, prompt_tokens: int, completion_tokens: int,
+            cached_tokens: int) -> float | None:
+        """What a reply with this usage cost, added to what the run paid; None where its model
+        has no price."""
+        paid = self.paid.get(model)
+        if paid is None:
+            paid = self.paid[model] = [0.0, 0, 0]
+        paid[1] += cached_tokens
+        rates = self.rates(model, endpoint)
+        if rates is None:
+            paid[2] += 1
+            return None
+        cost = cost_at(rates, prompt_tokens, completion_tokens, cached_tokens)
+        paid[0] += cost
+        return cost
 
 
 def finish_stats(stats: InferenceStats, row_status: bytearray, latencies: Sequence[float], *,

@@ -1,25 +1,30 @@
 """What an inference run does with each row's outcome: settle it, fill the row arrays, keep
 its ledger record.
 
-:class:`RowOutcomes` is the part of :class:`~.engine.InferenceRun` that turns a request's reply
-or error into the outcome of every row that shares the request (ok, failed, deferred), once per
-row, written out where a batch pass settles 100,000s of rows a second. It holds no state of its
-own: the run's row arrays, figures and writer are the run's.
+:class:`RowOutcomes` turns a request's reply or error into the outcome of every row that shares
+the request (ok, failed, deferred), once per row, written out where a batch pass settles
+100,000s of rows a second. It holds the run's row arrays and what it knows of each distinct
+request (in flight, or settled other than ok); :class:`~.engine.InferenceRun` hands it each
+reply and error, and reads the arrays when the run ends.
 """
 
 from __future__ import annotations
 
+from array import array
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DeferredError, ErrorType, RowError
 from ..ledger.table import DEFERRED, FAILED, OK, new_record
-from ..pricing import cost_at
 from ..results import RowStatus
 from ..usage import correction_warning, hold_to_bound, within_bound
 
 if TYPE_CHECKING:
     from ..delivery.base import Attempts
+    from ..ledger.writer import LedgerWriter
     from ..requests import RowRequest
+    from ..results import InferenceStats
+    from ..tasks.base import Task
+    from .figures import ReplyPrices
 
 # The one vocabulary of row outcomes is RowStatus; the ledger's record statuses follow from it.
 _LEDGER_STATUS = {RowStatus.OK: OK, RowStatus.FAILED: FAILED, RowStatus.DEFERRED: DEFERRED}
@@ -43,21 +48,52 @@ class KeyState:
 
 
 class RowOutcomes:
-    """Settling rows; mixed into :class:`~.engine.InferenceRun`, whose attributes it uses."""
+    """The outcome of every row of one run, and its ledger record.
 
-    #: Whether this run logged a reply whose usage it corrected (it logs the first only).
-    _usage_warned = False
+    Its own: the row arrays (``outputs``, ``errors``, ``error_types``, ``row_status``: a
+    :class:`RowStatus` byte per row), the distinct requests being answered (``inflight``, by
+    key, until their records are written: :meth:`written`), those settled other than ok
+    (``settled_not_ok``), the rows done and the replies' latencies. It adds the replies' tokens
+    and the failures to the run's ``stats``, prices each reply with the run's ``prices`` and
+    hands each record to the run's ledger ``writer``."""
 
-    def _conclude(self, state: KeyState, completion: Any, attempts: Attempts) -> None:
+    def __init__(self, rows: int, *, task: Task, writer: LedgerWriter, prices: ReplyPrices,
+                 stats: InferenceStats, scope: str, partition_key: str, run_id: str | None,
+                 log: Any):
+        self.outputs: list[Any] = [None] * rows
+        self.errors: list[str | None] = [None] * rows
+        self.error_types: list[str | None] = [None] * rows  # the ErrorType value of its error
+        self.row_status = bytearray(rows)  # a RowStatus per row
+        self.inflight: dict[str, KeyState] = {}
+        #: (row status, error, error type) of requests settled other than ok, by key
+        self.settled_not_ok: dict[str, tuple[int, str | None, str | None]] = {}
+        self.latencies = array("d")
+        self.done_rows = 0
+        #: Whether a record also ends its key's claim (the run coordinates with other runs):
+        #: then a deferral the delivery keeps durably needs its record too (see :meth:`kept`).
+        self.records_end_claims = False
+        self.task, self.writer, self.prices, self.stats = task, writer, prices, stats
+        self.scope, self.partition_key, self.run_id, self.log = scope, partition_key, run_id, log
+        #: Whether this run logged a reply whose usage it corrected (it logs the first only).
+        self._usage_warned = False
+
+    def written(self, keys: list[str]) -> None:
+        """Runs on the writer's thread after each write (which ended their claims): their
+        requests are no longer in flight."""
+        inflight = self.inflight
+        for key in keys:
+            inflight.pop(key, None)
+
+    def conclude(self, state: KeyState, completion: Any, attempts: Attempts) -> None:
         """Settle ``state`` from the reply its request got."""
-        self._conclude_many([(state, completion, attempts)])
+        self.conclude_many([(state, completion, attempts)])
 
-    def _conclude_many(self, answered: list[tuple[KeyState, Any, Attempts]]) -> None:
+    def conclude_many(self, answered: list[tuple[KeyState, Any, Attempts]]) -> None:
         """Settle each state from the reply its request got; the run's figures are added up
         once for all of them (a batch pass concludes 100,000s of rows a second)."""
-        stats, latencies, reply_value = self.stats, self._latencies, self.task.reply_value
+        stats, latencies, reply_value = self.stats, self.latencies, self.task.reply_value
         row_status, outputs, errors = self.row_status, self.outputs, self.errors
-        record = self._record
+        record = self.record
         by_model = stats.tokens_by_model
         model = per_model = None
         prompt_sum = completed_sum = done = 0
@@ -79,8 +115,8 @@ class RowOutcomes:
             try:
                 value = reply_value(completion, request)
             except RowError as exc:
-                self._settle_error(state, exc, attempts.count, attempts.endpoint,
-                                   completion.content, completion)
+                self.settle_error(state, exc, attempts.count, attempts.endpoint,
+                                  completion.content, completion)
                 continue
             # What _settle does for an answer, written out: this runs once per answered row.
             state.outcome = (_OK, value, None, None)
@@ -92,12 +128,12 @@ class RowOutcomes:
                 errors[row] = None
                 done += 1
             else:
-                self._finish_rows(rows, _OK, value=value)
+                self.finish_rows(rows, _OK, value=value)
             record(request, OK, completion.content, None, None, attempts.count,
                    attempts.endpoint, completion)
         stats.prompt_tokens += prompt_sum
         stats.completion_tokens += completed_sum
-        self._done_rows += done
+        self.done_rows += done
 
     def _usage_corrected(self, completion: Any, request: RowRequest,
                          endpoint: str | None) -> None:
@@ -110,13 +146,13 @@ class RowOutcomes:
             self.log.warning(correction_warning(endpoint, completion, request))
 
     # -- outcomes ----------------------------------------------------------------------------
-    def _settle_error(self, state: KeyState, error: RowError, attempts: int = 0,
-                      endpoint: str | None = None, response: str | None = None,
-                      completion: Any = None) -> None:
+    def settle_error(self, state: KeyState, error: RowError, attempts: int = 0,
+                     endpoint: str | None = None, response: str | None = None,
+                     completion: Any = None) -> None:
         error_type = ERROR_TYPE_VALUES[error.error_type]
         if isinstance(error, DeferredError):
-            if self._kept(error):
-                self._defer_kept([state], error.as_cell(), error_type)
+            if self.kept(error):
+                self.defer_kept([state], error.as_cell(), error_type)
             else:
                 self._settle(state, _DEFERRED, None, error.as_cell(), error_type, response,
                              attempts, endpoint, completion)
@@ -124,31 +160,38 @@ class RowOutcomes:
         self._settle(state, _FAILED, None, error.as_cell(), error_type, response, attempts,
                      endpoint, completion)
 
+    def settle_unsettled(self, states: list[KeyState], error: RowError) -> None:
+        """Fail those of ``states`` not settled yet with ``error`` (what went wrong in the
+        run itself while it had them in hand)."""
+        for state in states:
+            if state.outcome is None:
+                self.settle_error(state, error)
+
     def _settle(self, state: KeyState, row_status: RowStatus, value: Any = None,
                 error: str | None = None, error_type: str | None = None,
                 response: str | None = None, attempts: int = 0, endpoint: str | None = None,
                 completion: Any = None) -> None:
         state.outcome = (row_status, value, error, error_type)
-        self._finish_rows(state.rows, row_status, value=value, error=error,
-                          error_type=error_type)
+        self.finish_rows(state.rows, row_status, value=value, error=error,
+                         error_type=error_type)
         if row_status != _OK:
-            self._settled_not_ok[state.request.key] = (row_status, error, error_type)
-        self._record(state.request, _LEDGER_STATUS[row_status], response, error, error_type,
-                     attempts, endpoint, completion)
+            self.settled_not_ok[state.request.key] = (row_status, error, error_type)
+        self.record(state.request, _LEDGER_STATUS[row_status], response, error, error_type,
+                    attempts, endpoint, completion)
 
-    def _kept(self, error: RowError) -> bool:
+    def kept(self, error: RowError) -> bool:
         """Whether ``error`` is a deferral the delivery keeps durably (its line in the batch
         book): it needs no ledger record, unless the record would also end the key's claim."""
         return (isinstance(error, DeferredError) and error.kept_by_delivery
-                and self._coordination is None)
+                and not self.records_end_claims)
 
-    def _defer_kept(self, states: list[KeyState], cell: str, error_type: str) -> None:
+    def defer_kept(self, states: list[KeyState], cell: str, error_type: str) -> None:
         """``_settle`` of a deferral with no record to write, written out: a batch pass
         defers each row it puts in a file this way (those of a file share one cell)."""
         outcome = (_DEFERRED, None, cell, error_type)
         settled = (_DEFERRED, cell, error_type)
         row_status, errors, error_types = self.row_status, self.errors, self.error_types
-        settled_not_ok, inflight = self._settled_not_ok, self._inflight
+        settled_not_ok, inflight = self.settled_not_ok, self.inflight
         done = 0
         for state in states:
             state.outcome = outcome
@@ -162,10 +205,10 @@ class RowOutcomes:
             settled_not_ok[key] = settled
             # Nothing to wait for: a later row of the key finds it settled above.
             inflight.pop(key, None)
-        self._done_rows += done
+        self.done_rows += done
 
-    def _finish_rows(self, rows: list[int], row_status: int, *, value: Any = None,
-                     error: str | None = None, error_type: str | None = None) -> None:
+    def finish_rows(self, rows: list[int], row_status: int, *, value: Any = None,
+                    error: str | None = None, error_type: str | None = None) -> None:
         for row in rows:
             self.row_status[row] = row_status
             self.outputs[row] = value
@@ -173,14 +216,14 @@ class RowOutcomes:
         if error_type is not None:
             for row in rows:
                 self.error_types[row] = error_type
-        self._done_rows += len(rows)
+        self.done_rows += len(rows)
         if row_status == _FAILED:
             by_type = self.stats.errors_by_type
             by_type[error_type or "unknown"] = by_type.get(error_type or "unknown", 0) + len(rows)
 
-    def _record(self, request: RowRequest, status: str, response: str | None = None,
-                error: str | None = None, error_type: str | None = None, attempts: int = 0,
-                endpoint: str | None = None, completion: Any = None) -> None:
+    def record(self, request: RowRequest, status: str, response: str | None = None,
+               error: str | None = None, error_type: str | None = None, attempts: int = 0,
+               endpoint: str | None = None, completion: Any = None) -> None:
         model = request.model
         if completion is None:
             prompt_tokens = completion_tokens = 0
@@ -194,28 +237,10 @@ class RowOutcomes:
             cached = completion.cached_tokens
             # To the microsecond (round(x, 3) costs several times this, once per record).
             latency_ms = round(completion.latency_s * 1_000_000) / 1000
-            # Priced at the endpoint that answered, online or as a batch line (the rates of
-            # each endpoint and model looked up once per run).
-            at_endpoint = self._rates.get(endpoint)
-            if at_endpoint is None:
-                at_endpoint = self._rates[endpoint] = {}
-            rates = at_endpoint.get(model, False)
-            if rates is False:
-                price = self.settings.price_at(model, endpoint)
-                rates = at_endpoint[model] = (
-                    price.per_token(batch=self._batch_priced) if price is not None else None)
-            paid = self._paid.get(model)
-            if paid is None:  # [USD of the priced replies, cached tokens, unpriced replies]
-                paid = self._paid[model] = [0.0, 0, 0]
-            paid[1] += cached
-            if rates is None:
-                cost = None
-                paid[2] += 1
-            else:
-                cost = cost_at(rates, prompt_tokens, completion_tokens, cached)
-                paid[0] += cost
+            # Priced at the endpoint that answered, online or as a batch line.
+            cost = self.prices.pay(model, endpoint, prompt_tokens, completion_tokens, cached)
         key = request.key
-        self._writer.add(new_record(
+        self.writer.add(new_record(
             key, self.scope, self.partition_key, model, status, response, error,
             error_type, prompt_tokens, completion_tokens, attempts, endpoint, latency_ms,
             self.run_id, cached, cost, estimated, corrected), key)
