@@ -13,7 +13,8 @@ import dagster as dg
 import numpy as np
 
 from ..core import EmbedCall
-from .shared import AssetJob, AssetOptions, asset_factory, build_asset
+from .calls import CallJob
+from .shared import AssetOptions, asset_factory, build_asset
 
 
 @asset_factory()
@@ -44,20 +45,14 @@ def build_embedding_asset(options: AssetOptions, *, call: EmbedCall | None = Non
                                             wait=wait, deadline=deadline))
 
 
-class EmbeddingJob(AssetJob):
-    """An embedding per row: a float32 vector in ``output_column``."""
+class EmbeddingJob(CallJob):
+    """An embedding per row: a float32 vector in ``output_column``. Sent as any registered
+    job's call is (:class:`~.calls.CallJob`); it says what its vectors are."""
 
     call: EmbedCall
 
-    def send(self, llm: Any, frame: Any, **run: Any) -> Any:
-        return llm.embed(frame, self.call, **run, collect_keys=True, mode=self.mode,
-                         wait=self.wait)
-
     def description(self) -> str:
         return _describe(self.call)
-
-    def metadata(self) -> dict[str, Any]:
-        return {**super().metadata(), "batchllm/task": "embed"}
 
     def column_docs(self, input_columns: Sequence[str]
                     ) -> tuple[dict[str, str], dict[str, str]]:
