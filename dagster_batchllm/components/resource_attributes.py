@@ -72,7 +72,7 @@ class DeclaresResource:
     annotations here, so the Component's YAML model stays its own)."""
 
 
-def provided_resources(component: Any, context: dg.ComponentLoadContext
+def provided_resources(component: Any, context: dg.ComponentLoadContext | None
                        ) -> dict[str, BatchInferenceResource]:
     """The resources ``component`` provides: its resource under its key, as the same object as
     every other Component of the project that declares an equal one under that key.
@@ -84,6 +84,8 @@ def provided_resources(component: Any, context: dg.ComponentLoadContext
     resource, key = component.resource, component.resource_key
     if resource is None:
         return {}
+    if context is None:  # built on its own (build_defs(None)): no project to share with
+        return {key: resource}
     for other in context.component_tree.get_all_components(DeclaresResource):
         if other is component:
             break
