@@ -12,6 +12,7 @@ from assets.ml_models import ml_assets, predicted_actions_alias_sensor
 from assets.partitions import daily_partitions
 from assets.pipeline import (
     BATCH_MODE,
+    LLM,
     classified_transcripts,
     pipeline_assets,
     transcript_summaries,
@@ -36,7 +37,7 @@ daily_schedule = dg.build_schedule_from_partitioned_job(
     call_center_job, hour_of_day=1, description="Materialize the latest day every night."
 )
 
-resources = build_resources()
+resources = build_resources(llm=LLM)  # the resource the assets' code versions were read from
 llm = resources["llm"]
 
 

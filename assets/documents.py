@@ -30,6 +30,7 @@ from dagster_batchllm.documents import DocumentError, parse_document
 from resources.warehouse import DEFAULT_DATA_DIR
 
 from .data.generate_invoices import write_invoices
+from .pipeline import LLM
 
 GROUP = "documents"
 RENDER_SCALE = 1.5  # 108 dpi: small print stays legible to a vision model
@@ -159,6 +160,7 @@ invoices = build_inference_asset(
     warn_failed_rate=0.10,
     error_failed_rate=0.50,
     description="The fields of each invoice, one column per field of a JSON schema.",
+    resource=LLM,
 )
 
 document_assets = [invoice_pdfs, invoice_pages, invoice_documents, invoices]

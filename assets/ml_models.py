@@ -33,7 +33,7 @@ from resources.mlflow_registry import ARTIFACTS_URI, MLFLOW_DIR, REGISTRY_URI
 from resources.warehouse import DATASET
 
 from .partitions import daily_partitions
-from .pipeline import cleaned_transcripts
+from .pipeline import LLM, cleaned_transcripts
 
 TEAMS = {
     "north": ["Maria Lopez", "James Carter", "Aisha Khan", "Tom Becker"],
@@ -142,7 +142,7 @@ def with_team_model(df: pd.DataFrame) -> pd.DataFrame:
 SCORED_DAILY = dict(
     source=cleaned_transcripts, input_columns=["transcript_text"],
     partitions_def=daily_partitions, partition_column="call_date", key_columns=["call_id"],
-    group_name="ml_models", deps=[action_required_models],
+    group_name="ml_models", deps=[action_required_models], resource=LLM,
     # About 2% of the shipped calls have no transcript: they fail as input errors.
     warn_failed_rate=0.05,
 )

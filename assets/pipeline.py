@@ -9,6 +9,7 @@ import dagster as dg
 import pandas as pd
 
 from dagster_batchllm import build_inference_asset
+from resources import build_llm_resource
 
 from .partitions import GROUP, daily_call_center_asset, daily_partitions
 
@@ -54,8 +55,14 @@ BATCH_MODE = (dict(mode="batch_api",
               if os.environ.get("BATCHLLM_BATCH_API", "").lower() in ("1", "true", "yes")
               else {})
 
+# The resource the runs use (definitions.py binds this one as `llm`). The assets read it for
+# their code versions, which then cover the model it answers with: switching BATCHLLM_MODEL
+# (or BATCHLLM_ENDPOINTS' models) marks them and what they feed stale.
+LLM = build_llm_resource()
+
 # What every asset over the calls' table is (inference or embeddings): a table of calls per day.
 DAILY_CALLS = dict(
+    resource=LLM,
     partitions_def=daily_partitions,
     partition_column="call_date",  # a single-run backfill records each day under its own key
     key_columns=["call_id"],

@@ -12,12 +12,15 @@ from dagster._core.definitions.definition_config_schema import DefinitionConfigS
 from pydantic import Field, PrivateAttr
 
 from .core import (
+    CallBase,
     EmbedCall,
+    EndpointSpec,
     InferenceCall,
     InferenceClient,
     InferenceEstimate,
     InferenceResult,
     InferenceSettings,
+    MlflowModelSpec,
     Plan,
 )
 from .factories.context import read_context
@@ -158,6 +161,45 @@ class BatchInferenceResource(dg.ConfigurableResource):
             mlflow_models=tuple(m.to_spec() for m in self.mlflow_models),
             **spec_values(self, InferenceSettings, converted=SETTINGS_BUILT_FROM),
         )
+
+    def as_sent(self, call: CallBase) -> CallBase:
+        """``call`` with what this resource fills in where it says nothing (its
+        ``default_model``, else the only model served; its ``default_max_tokens``), read from
+        the configuration alone (see :meth:`code_version_of`)."""
+        return call.as_sent_by(self._configured_settings())
+
+    def code_version_of(self, call: CallBase) -> str:
+        """The code version of ``call`` as this resource answers it: what the call sends with
+        what the resource fills in (:meth:`as_sent`), and what its endpoints declare of the
+        model's served version (``served_model_version``, ``served_model_uri``) or the
+        ``model_uri`` of its in-process MLflow model. Read from the configuration alone:
+        managed endpoints count with the models they serve once started, no secret (api key,
+        store URL) is read, and an ``EnvVar`` unset here counts as its name; so the same
+        configuration gives the same version in every process."""
+        return call.code_version_with(self._configured_settings())
+
+    def _configured_settings(self) -> InferenceSettings:
+        """The settings that decide what a call sends, from the configuration: the endpoints'
+        models and declared versions (their addresses and keys are no part of it), the managed
+        endpoints' models, ``default_model``, ``default_max_tokens`` and the MLflow models."""
+        endpoints = [EndpointSpec(
+            name=e.name, base_url="http://configured.invalid/v1",  # not part of what is sent
+            models=tuple(map(_configured, e.models)),
+            embedding_models=tuple(map(_configured, e.embedding_models)),
+            protocol=e.protocol, served_model_uri=_configured(e.served_model_uri),
+            served_model_version=_configured(e.served_model_version)) for e in self.endpoints]
+        for managed in self.managed_endpoints:
+            spec = managed.to_spec()
+            models, embedding_models = spec.served_models()
+            endpoints.append(EndpointSpec(name=spec.name, base_url="http://127.0.0.1/v1",
+                                          models=models, embedding_models=embedding_models))
+        return InferenceSettings(
+            endpoints=tuple(endpoints), store_url=None,
+            default_model=_configured(self.default_model),
+            default_max_tokens=self.default_max_tokens,
+            mlflow_models=tuple(MlflowModelSpec(name=_configured(m.name),
+                                                model_uri=_configured(m.model_uri))
+                                for m in self.mlflow_models))
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self._log = context.log
@@ -317,6 +359,14 @@ class BatchInferenceResource(dg.ConfigurableResource):
         for managed in self.managed_endpoints:
             kinds.add("llamacpp" if managed.kind == "llama-server" else "batchllm")
         return kinds or {"batchllm"}
+
+
+def _configured(value: Any) -> Any:
+    """A configured value for the code version: an ``EnvVar`` read now, or ``$NAME`` while
+    unset (a definition loads without its run's environment; only a run needs the value)."""
+    if isinstance(value, dg.EnvVar):
+        return value.get_value() or f"${value.env_var_name}"
+    return value
 
 
 def _with_field_defaults(schema: ConfigField, values: dict[str, Any]) -> ConfigField:

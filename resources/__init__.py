@@ -127,13 +127,15 @@ def _describe_prices(llm: BatchInferenceResource) -> str:
         f"${p.usd_per_1m_completion_tokens:g} per 1M completion tokens" for p in llm.prices) + "."
 
 
-def build_resources() -> dict[str, object]:
+def build_resources(llm: BatchInferenceResource | None = None) -> dict[str, object]:
+    """The location's resources; ``llm``: the one the assets were versioned by (see
+    ``assets/pipeline.py``), else one read from the environment now."""
     warehouse = WarehouseResource(
         url=os.environ.get("BATCHLLM_WAREHOUSE_URL",
                            f"sqlite:///{DEFAULT_DATA_DIR / 'warehouse.db'}")
     )
     return {
-        "llm": build_llm_resource(),
+        "llm": llm or build_llm_resource(),
         "warehouse": warehouse,
         "io_manager": WarehouseIOManager(warehouse=warehouse),
     }

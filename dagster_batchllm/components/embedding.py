@@ -71,7 +71,8 @@ class BatchEmbeddingComponent(dg.Component, dg.Resolvable, DeclaresResource):
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         asset = build_embedding_asset(
-            **values(self, FACTORY_ATTRIBUTES), mode=self.mode, wait=self.wait,
+            **values(self, FACTORY_ATTRIBUTES), resource=self.resource, mode=self.mode,
+            wait=self.wait,
             deadline=parse_duration(f"BatchEmbeddingComponent '{self.name}'", self.deadline),
             **self.call_attributes())
         return dg.Definitions(assets=[*external_source_specs(self), asset],

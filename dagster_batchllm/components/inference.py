@@ -159,8 +159,8 @@ class BatchInferenceComponent(dg.Component, dg.Resolvable, DeclaresResource):
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         asset = build_inference_asset(
-            **values(self, FACTORY_ATTRIBUTES), expand_fields=self.expand_fields,
-            mode=self.mode, wait=self.wait,
+            **values(self, FACTORY_ATTRIBUTES), resource=self.resource,
+            expand_fields=self.expand_fields, mode=self.mode, wait=self.wait,
             deadline=parse_duration(f"BatchInferenceComponent '{self.name}'", self.deadline),
             **self.call_attributes())
         resources = provided_resources(self, context)

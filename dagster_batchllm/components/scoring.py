@@ -134,7 +134,8 @@ class ModelScoringComponent(dg.Component, dg.Resolvable, DeclaresResource):
                 name=self.model_version.name, model_uri=uri, registry_uri=registry,
                 group_name=(self.asset_attributes or {}).get("group_name"))
         asset = build_scoring_asset(
-            **values(self, FACTORY_ATTRIBUTES), input_columns=self.input_columns,
+            **values(self, FACTORY_ATTRIBUTES), resource=self.resource,
+            input_columns=self.input_columns,
             model=self.model_name, model_column=self.model_column,
             output_column=self.output_column, model_asset=model_asset,
             rows_per_request=self.rows_per_request)

@@ -317,6 +317,25 @@ class InferenceSettings:
         models = self.models
         return next(iter(models)) if len(models) == 1 else None
 
+    @property
+    def embedding_model_when_unnamed(self) -> str | None:
+        """The model an embedding call that names none uses: the only embedding model served."""
+        models = self.embedding_models
+        return next(iter(models)) if len(models) == 1 else None
+
+    def pinned_versions(self, model: str) -> tuple[str, ...]:
+        """What the configuration pins of which version of ``model`` answers, sorted: the
+        ``served_model_version`` or ``served_model_uri`` of the mlflow endpoints serving it (as
+        the request keys have it, see ``core.tasks.predict.models``) and the ``model_uri`` of
+        the in-process MLflow model of that name. Empty for a model served over the OpenAI
+        protocol: which weights its server loaded is the server's own business."""
+        pins = {f"served_model_version={e.served_model_version}" if e.served_model_version
+                else f"served_model_uri={e.served_model_uri}"
+                for e in self.endpoints if e.protocol == "mlflow" and model in e.models
+                and (e.served_model_version or e.served_model_uri)}
+        pins.update(f"model_uri={m.model_uri}" for m in self.mlflow_models if m.name == model)
+        return tuple(sorted(pins))
+
     @functools.cached_property
     def _resource_prices(self) -> dict[str, Price]:
         return dict(legacy_price(entry) for entry in self.model_prices)

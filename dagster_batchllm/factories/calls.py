@@ -23,7 +23,8 @@ def build_call_asset(options: AssetOptions, *, call: CallBase, mode: str = "onli
     registered) over each row of an upstream table.
 
     The asset's table is the input with the call's ``output_column`` and ``error_column``;
-    its code version is the call's, so a change of what is sent marks the asset unsynced.
+    its code version is the call's (as ``resource=`` sends it, where given), so a change of
+    what is sent marks the asset unsynced.
     ``mode``, ``wait`` and ``deadline`` are as for
     :func:`~dagster_batchllm.build_inference_asset`.
 
@@ -58,10 +59,7 @@ class CallJob(AssetJob):
         who = f"model `{call.model}`" if call.model else "the resource's models"
         columns = ", ".join(f"`{c}`" for c in call.columns_read())
         return (f"Batch job `{call.job}` with {who}: reads {columns}; values in "
-                f"`{call.output_column}`, failed rows' reasons in `{call.error_column}`.\n\n"
-                f"Code version `{call.code_version}`: it changes with what is sent "
-                f"({', '.join(call.sent_fields) or 'the call'}), and every row's request key "
-                "with it.")
+                f"`{call.output_column}`, failed rows' reasons in `{call.error_column}`.")
 
     def metadata(self) -> dict[str, Any]:
         return {**super().metadata(), "batchllm/task": self.call.job}

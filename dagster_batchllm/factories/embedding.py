@@ -54,6 +54,9 @@ class EmbeddingJob(CallJob):
     def description(self) -> str:
         return _describe(self.call)
 
+    def version_covers(self) -> str:
+        return "the text, model and size"
+
     def column_docs(self, input_columns: Sequence[str]
                     ) -> tuple[dict[str, str], dict[str, str]]:
         return _column_docs(self.call)
@@ -93,5 +96,4 @@ def _describe(call: EmbedCall) -> str:
     size = f", {call.dimensions} dimensions" if call.dimensions else ""
     return (f"Embeddings with {who}{size}: {what}, {call.inputs_per_request} inputs per request;"
             f" vectors in `{call.output_column}`, failed rows' reasons in "
-            f"`{call.error_column}`.\n\nCode version `{call.code_version}`: it changes with the "
-            "text, model or size, and every row's request key with it.")
+            f"`{call.error_column}`.")

@@ -40,7 +40,10 @@ def build_inference_asset(
     partitioned too (see :mod:`dagster_batchllm.factories.metadata` and
     :mod:`dagster_batchllm.factories.checks`).
     The asset's code version is the call's (:attr:`InferenceCall.code_version`), so editing the
-    prompt, model or generation parameters marks it and what it feeds unsynced.
+    prompt, model or generation parameters marks it and what it feeds unsynced; with
+    ``resource=`` (the resource its runs use) it is the call as that resource sends it
+    (:meth:`~dagster_batchllm.resource.BatchInferenceResource.code_version_of`), so a new
+    ``default_model`` does too.
 
     ``asset_attributes`` are Dagster's asset attributes (what a component's
     ``asset_attributes:`` resolves to): ``group_name``, ``description``, ``kinds``, ``tags``,
@@ -103,6 +106,10 @@ class InferenceJob(AssetJob):
 
     def description(self) -> str:
         return _describe(self.call, self.schema_fields)
+
+    def version_covers(self) -> str:
+        return ("the prompt, system prompt, model, generation parameters (max_tokens among "
+                "them), response format and image inputs")
 
     def shape(self, table: Any) -> Any:
         if not self.schema_fields:
@@ -198,6 +205,4 @@ def _describe(call: InferenceCall, schema_fields: Sequence[str] = ()) -> str:
     if params:
         parts.append("Generation parameters: "
                      + ", ".join(f"`{k}={v}`" for k, v in sorted(params.items())) + ".")
-    parts.append(f"Code version `{call.code_version}`: it changes with the prompt, model or "
-                 "parameters, and every row's request key with it.")
     return "\n\n".join(parts)

@@ -182,8 +182,17 @@ class ScoringJob(AssetJob):
                     f"{self.model_asset.key.to_user_string()}) first, then this asset.")
         return "Register the model, or fix the model name or URI."
 
-    def code_version(self) -> str:
-        return self._code_version
+    def code_version(self, resource: Any = None) -> str:
+        if resource is None:
+            return self._code_version
+        # What the resource pins of the model (a served version, an in-process model's URI).
+        return hashlib.sha256(json.dumps([self._code_version, resource.code_version_of(
+            self.call)]).encode()).hexdigest()[:16]
+
+    def version_covers(self) -> str:
+        return ("the model, its input and output columns"
+                + (f" and the version {self.watched[0]} resolved to when the definitions loaded"
+                   if self.watched else ""))
 
     def deps(self) -> list[Any]:
         return [*([self.model_asset.key] if self.model_asset is not None else []),
@@ -201,8 +210,7 @@ class ScoringJob(AssetJob):
             who += f" ({self.watched[0]}: {loaded})"
         return (f"Scores with {who}: features "
                 f"{', '.join(f'`{c}`' for c in call.input_columns)}; predictions in "
-                f"`{call.output_column}`, failed rows' reasons in `{call.error_column}`. "
-                f"Code version `{self._code_version}` covers the model version.")
+                f"`{call.output_column}`, failed rows' reasons in `{call.error_column}`.")
 
     def column_docs(self, input_columns: Sequence[str]
                     ) -> tuple[dict[str, str], dict[str, str]]:

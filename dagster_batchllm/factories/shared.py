@@ -77,6 +77,13 @@ class AssetOptions:
         "The key of the BatchInferenceResource the asset uses (a Component that declares its "
         "resource provides it under this key; a differently configured one needs another).",
         "llm")
+    resource: Any = _option(
+        "The BatchInferenceResource the asset's runs use (the one under resource_key), read "
+        "for the code version: with it, the version also covers what that resource fills in "
+        "where the call says nothing (its default_model, default_max_tokens) and the served "
+        "model version its endpoints declare, so switching the model marks the asset stale. "
+        "Definitions' resources still provide it to the runs (a Component passes its own).",
+        None, yaml=False)
     io_manager_key: str | None = _option("The IO manager that stores the output table.", None)
     group_name: str | None = _option("Dagster's group_name.", None, yaml=False)
     description: str | None = _option(
@@ -224,8 +231,16 @@ class AssetJob:
         """Descriptions and types of the columns the call adds."""
         raise NotImplementedError
 
-    def code_version(self) -> str:
-        return self.call.code_version
+    def code_version(self, resource: Any = None) -> str:
+        """The asset's code version: the call's as ``resource`` answers it
+        (``resource.code_version_of``), or the call's own without a resource."""
+        if resource is None:
+            return self.call.code_version
+        return resource.code_version_of(self.call)
+
+    def version_covers(self) -> str:
+        """What the code version is a hash of, in the description's words."""
+        return f"what every request sends ({', '.join(self.call.sent_fields) or 'the call'})"
 
     def metadata(self) -> dict[str, Any]:
         """The asset's definition metadata."""
@@ -312,16 +327,51 @@ def build_asset(factory: str, options: AssetOptions,
         return decorator(_materialize(where, options, job, asset_key))
 
 
+def _code_version(where: str, options: AssetOptions, job: AssetJob) -> tuple[str, bool]:
+    """The asset's code version, and whether the user gave it (in asset_attributes)."""
+    given = (options.asset_attributes or {}).get("code_version")
+    if given:
+        return given, True
+    if options.resource is not None and not hasattr(options.resource, "code_version_of"):
+        raise dg.DagsterInvalidDefinitionError(
+            f"{where}: resource= takes the BatchInferenceResource the asset's runs use (for its "
+            f"code version), got {type(options.resource).__name__}.")
+    return job.code_version(options.resource), False
+
+
+def _describe_version(options: AssetOptions, job: AssetJob, version: str, given: bool) -> str:
+    """The description's last paragraph: exactly what the code version covers."""
+    if given:
+        return f"Code version `{version}`: given with the asset's attributes."
+    head = f"Code version `{version}`: a hash of {job.version_covers()}"
+    resource = options.resource
+    if resource is None:
+        return (f"{head}; every row's request key changes with it. What the resource fills in "
+                "where the call says nothing (its default_model, default_max_tokens) and the "
+                "model versions its endpoints declare are no part of it: build the asset with "
+                "resource= (the resource its runs use) to have them count.")
+    sent = resource.as_sent(job.call)
+    filled = [f"{name} `{getattr(sent, name)}`" for name in ("model", "max_tokens")
+              if getattr(job.call, name, None) is None and getattr(sent, name, None) is not None]
+    return (f"{head}, as the resource under `{options.resource_key}` sends it"
+            + (f" (it fills in {' and '.join(filled)})" if filled else "")
+            + ", and of the model version its endpoints declare, where they declare one; every "
+            "row's request key changes with it.")
+
+
 def _spec_attributes(where: str, options: AssetOptions, job: AssetJob) -> dict[str, Any]:
     """Dagster's attributes of the asset: the user's, else the job's."""
     given = {k: getattr(options, k) for k in ("group_name", "description", "kinds", "tags",
                                               "owners")}
     attributes = _asset_attributes(where, options.asset_attributes, **given)
     deps = [*job.deps(), *(attributes.get("deps") or [])]
+    version, version_given = _code_version(where, options, job)
     return {
         **attributes,
         "deps": deps or None,
-        "description": attributes.get("description") or job.description(),
+        "description": attributes.get("description") or (
+            f"{job.description()}\n\n"
+            f"{_describe_version(options, job, version, version_given)}"),
         # Which servers answer is the resource's to say (llm.asset_kinds()); the factory cannot
         # know it, so it does not claim "openai" for a llama.cpp or the embedded default.
         "kinds": set(attributes.get("kinds") or job.kinds),
@@ -330,7 +380,7 @@ def _spec_attributes(where: str, options: AssetOptions, job: AssetJob) -> dict[s
         "metadata": {**(attributes.get("metadata") or {}), **job.metadata()},
         # Every request key changes with it: Dagster then calls the asset and its downstream
         # unsynced. An explicit code_version (e.g. from asset_attributes) is the user's call.
-        "code_version": attributes.get("code_version") or job.code_version(),
+        "code_version": version,
     }
 
 
@@ -341,6 +391,7 @@ def _materialize(where: str, options: AssetOptions, job: AssetJob,
 
     def _batchllm_asset(context: dg.AssetExecutionContext, source_table):
         llm = getattr(context.resources, options.resource_key)
+        _warn_if_versioned_by_another(context, options, job, llm)
         source_table = job.prepare(source_table)
         missing = [c for c in key_columns if c not in source_table.columns]
         if missing:
@@ -371,6 +422,22 @@ def _materialize(where: str, options: AssetOptions, job: AssetJob,
             empty_partition=options.empty_partition, figures=figures, log_line=log_line)
 
     return _batchllm_asset
+
+
+def _warn_if_versioned_by_another(context: Any, options: AssetOptions, job: AssetJob,
+                                  llm: Any) -> None:
+    """Say so when the asset's code version was read from a resource configured otherwise than
+    the run's (another model, run config given at launch): Dagster's staleness then follows
+    what the definition was built with, not what this run sends."""
+    if options.resource is None or (options.asset_attributes or {}).get("code_version"):
+        return
+    defined, running = job.code_version(options.resource), job.code_version(llm)
+    if defined != running:
+        context.log.warning(
+            f"{options.name}: its code version `{defined}` was read from a resource configured "
+            f"otherwise than this run's `{options.resource_key}` (which gives `{running}`: "
+            "another model, or run config given at launch); build the asset with resource= the "
+            "resource its runs use, so that Dagster's staleness follows what is sent.")
 
 
 def _asset_attributes(where: str, asset_attributes: Mapping[str, Any] | None,

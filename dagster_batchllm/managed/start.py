@@ -49,6 +49,17 @@ class ManagedEndpointSpec:
                 f"known kinds: {list(MANAGED_KINDS)}."
             )
 
+    def served_models(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The chat and the embedding models it serves once started, known before it starts
+        (an asset's code version reads them where a call names no model)."""
+        if self.kind == "llama-server":
+            from .llama_server import DEFAULT_MODEL_NAME
+
+            return (self.model_name or DEFAULT_MODEL_NAME,), ()
+        from .classical.models import ALIAS, EMBEDDING_MODELS, LOCAL_MODELS
+
+        return (*LOCAL_MODELS, ALIAS), tuple(EMBEDDING_MODELS)
+
 
 class RunningEndpoint:
     """A started managed endpoint: its spec for the pool, and how to stop it."""
@@ -68,14 +79,14 @@ class RunningEndpoint:
 def start_managed(managed: ManagedEndpointSpec) -> RunningEndpoint:
     if managed.kind == "llama-server":
         return _start_llama_server(managed)
-    from .classical import EMBEDDING_MODELS, LOCAL_MODELS, start_local_endpoint
-    from .classical.models import ALIAS
+    from .classical import start_local_endpoint
 
     server = start_local_endpoint(process=managed.process,
                                   max_concurrency=max(1, managed.max_concurrency))
+    models, embedding_models = managed.served_models()
     spec = EndpointSpec(
-        name=managed.name, base_url=server.base_url, models=(*LOCAL_MODELS, ALIAS),
-        max_concurrency=managed.max_concurrency, embedding_models=EMBEDDING_MODELS,
+        name=managed.name, base_url=server.base_url, models=models,
+        max_concurrency=managed.max_concurrency, embedding_models=embedding_models,
     )
     return RunningEndpoint(spec, server)
 

@@ -35,17 +35,20 @@ def _blocks(page: str, language: str) -> list[str]:
 
 
 def _between(text: str, start: str, end: str) -> str:
-    return text[text.index(start):text.index(end)]
+    """From ``start`` to the first ``end`` after it."""
+    begin = text.index(start)
+    return text[begin:text.index(end, begin)]
 
 
 README_YAML = _blocks("README.md", "yaml")[0]
 DOCS_YAML = _blocks("docs/dagster.md", "yaml")[0]
-# The README's Python: its two rows, and the block that defines the partitioned `calls` and the
-# `summaries` asset the YAML is "the same asset" as.
-README_ROWS = _between(_blocks("README.md", "python")[0], "df = pd.DataFrame(", "result = ")
+# The README's Python: its resource `llm` and two rows, and the block that defines the
+# partitioned `calls` and the `summaries` asset the YAML is "the same asset" as.
+README_SETUP = _between(_blocks("README.md", "python")[0], "import os", "result = ")
+README_ROWS = README_SETUP[README_SETUP.index("df = pd.DataFrame("):] + "\n"
 README_ASSETS = next(b for b in _blocks("README.md", "python") if "build_inference_asset(" in b)
-README_PYTHON_ASSET = ("import dagster as dg\nimport pandas as pd\n\n" + README_ROWS
-                       + _between(README_ASSETS, "from dagster_batchllm import", "defs = "))
+README_PYTHON_ASSET = README_SETUP + _between(README_ASSETS, "from dagster_batchllm import",
+                                              "defs = ")
 # The project's own `calls` (a Python file in the defs folder): the README's, without the asset
 # the defs.yaml declares.
 CALLS_MODULE = ("import dagster as dg\nimport pandas as pd\n\n" + README_ROWS
@@ -90,13 +93,13 @@ def test_the_readme_and_docs_yaml_load_together_each_resource_under_its_key():
 def test_the_readme_yaml_is_the_readme_python_asset_and_materializes_a_day(
         tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the YAML's ledger, sqlite:///batchllm.db, lands here
+    monkeypatch.setenv("GPU_B_KEY", "sk-example")  # read when the run starts
     python: dict = {}
     # As the README runs it: without this module's `from __future__ import annotations`.
     exec(compile(README_PYTHON_ASSET, "README.md", "exec", dont_inherit=True), python)
     from_python = python["summaries"]
     with SimulatedEndpoint(models=("llama-70b",)) as a, \
             SimulatedEndpoint(models=("llama-70b",), api_key="sk-example") as b:
-        monkeypatch.setenv("GPU_B_KEY", "sk-example")  # read when the run starts
         with _project({"summaries": _pointed_at(README_YAML, (a, b))}) as (defs, _):
             from_yaml = defs.get_assets_def("call_summaries")
             assert from_yaml.key == from_python.key

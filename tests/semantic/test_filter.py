@@ -174,8 +174,9 @@ def test_the_client_and_the_resource_offer_the_same_verbs():
         return {name for name, value in vars(cls).items()
                 if callable(value) and not name.startswith("_")}
 
+    # What only a resource is for: Dagster's lifecycle, and what asset definitions read of it.
     dagster_lifecycle = {"setup_for_execution", "teardown_after_execution", "model_post_init",
-                         "to_settings", "asset_kinds"}
+                         "to_settings", "asset_kinds", "as_sent", "code_version_of"}
     assert verbs(InferenceClient) == verbs(BatchInferenceResource) - dagster_lifecycle
     assert {"infer", "ainfer", "embed", "predict", "aggregate", "filter", "classify",
             "run_call", "estimate", "plan"} <= verbs(InferenceClient)

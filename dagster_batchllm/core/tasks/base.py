@@ -126,6 +126,22 @@ class CallBase(_CallFields):
         answered again, so Dagster should call the asset stale."""
         return version_of({name: getattr(self, name) for name in self.sent_fields})
 
+    def as_sent_by(self: Call, settings: InferenceSettings) -> Call:
+        """The call with what a resource with ``settings`` fills in where the call says
+        nothing (a model, a max_tokens): what its requests then carry. Nothing, by default."""
+        return self
+
+    def code_version_with(self, settings: InferenceSettings) -> str:
+        """The code version of the call as a resource with ``settings`` answers it:
+        :attr:`code_version` of :meth:`as_sent_by`, and what the configuration pins of the
+        model's version (``settings.pinned_versions``). So a new default model, or a new
+        declared served version, is a new code version, as it is a new request key."""
+        sent = self.as_sent_by(settings)
+        pinned = settings.pinned_versions(sent.model) if sent.model else ()
+        if not pinned:
+            return sent.code_version
+        return version_of({"call": sent.code_version, "pinned": list(pinned)})
+
 
 def version_of(sent: dict[str, Any]) -> str:
     text = json.dumps(sent, sort_keys=True, separators=(",", ":"), default=str)

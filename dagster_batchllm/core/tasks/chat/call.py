@@ -186,13 +186,26 @@ class InferenceCall(CallBase):
         """A short hash of everything in the call that goes into request keys (prompt, system,
         model, generation parameters, response format, image columns and detail): when it
         changes, every row's key changes and a rerun pays for every row again, so Dagster
-        should call the asset stale. Settings of the resource that also reach the request (its
-        default model and max_tokens) are not part of it. The image fields count only when
-        images are sent, so a text-only call keeps the version it had before they existed."""
+        should call the asset stale. What the resource fills in where the call says nothing
+        (its default model and max_tokens) counts in
+        :meth:`~dagster_batchllm.core.tasks.base.CallBase.code_version_with` only. The image
+        fields count only when images are sent, so a text-only call keeps the version it had
+        before they existed."""
         sent = {name: getattr(self, name) for name in self.sent_fields}
         if self.images:
             sent.update({name: getattr(self, name) for name in _IMAGE_FIELDS})
         return version_of(sent)
+
+    def as_sent_by(self, settings: Any) -> InferenceCall:
+        """The call with the resource's model where it names none (``model_when_unnamed``;
+        not where a column names each row's) and its ``default_max_tokens`` where it gives no
+        max_tokens: what every request then carries."""
+        changes: dict[str, Any] = {}
+        if self.model is None and self.model_column is None and settings.model_when_unnamed:
+            changes["model"] = settings.model_when_unnamed
+        if self.max_tokens is None:
+            changes["max_tokens"] = settings.default_max_tokens
+        return dataclasses.replace(self, **changes) if changes else self
 
     @property
     def schema(self) -> Mapping[str, Any] | None:

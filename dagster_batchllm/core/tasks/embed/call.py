@@ -93,12 +93,12 @@ class EmbedCall(CallBase):
         embedding_models, chat_models = settings.embedding_models, settings.models
         call = self
         if self.model is None:
-            if len(embedding_models) != 1:
+            if settings.embedding_model_when_unnamed is None:
                 raise InferenceConfigError(
                     "Pass model= (an embedding model): "
                     + (f"the endpoints serve {sorted(embedding_models)}." if embedding_models
                        else "no endpoint lists embedding_models=[...]."))
-            call = dataclasses.replace(self, model=next(iter(embedding_models)))
+            call = self.as_sent_by(settings)
         if call.model not in embedding_models:
             hint = (f" '{call.model}' is served on /chat/completions; a model served on "
                     "/embeddings goes in the Endpoint's embedding_models=[...]."
@@ -119,6 +119,12 @@ class EmbedCall(CallBase):
     @property
     def code_version(self) -> str:
         return version_of({"task": "embed", **{n: getattr(self, n) for n in self.sent_fields}})
+
+    def as_sent_by(self, settings: Any) -> EmbedCall:
+        """The call with the only embedding model served where it names none."""
+        if self.model is None and settings.embedding_model_when_unnamed:
+            return dataclasses.replace(self, model=settings.embedding_model_when_unnamed)
+        return self
 
 
 def _positive(name: str, value: Any) -> int:
