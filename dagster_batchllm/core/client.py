@@ -182,14 +182,16 @@ class InferenceClient:
         budget = call.token_budget if call.token_budget is not None else self.settings.token_budget
         log = logger or self.log
         keep_keys = collect_keys or bool(supersede_stale and call.partition_key)
+        needed = None  # the budget that sends every row, which a deferral for budget names
         if call.budget_usd is not None:  # refused before anything is sent, if it may not do
-            await asyncio.to_thread(self._check_budget, call, task, frame,
-                                    batch=mode == "batch_api")
+            needed = await asyncio.to_thread(self._check_budget, call, task, frame,
+                                             batch=mode == "batch_api")
         if mode == "batch_api":
-            run: Any = await BatchModeCall(self, call, task, frame, wait=wait,
-                                           token_budget=budget, run_id=run_id, logger=log,
-                                           collect_keys=keep_keys,
-                                           budget_usd=call.budget_usd, deadline=due).run()
+            batches = BatchModeCall(self, call, task, frame, wait=wait, token_budget=budget,
+                                    run_id=run_id, logger=log, collect_keys=keep_keys,
+                                    budget_usd=call.budget_usd, deadline=due)
+            _name_budget_needed(batches.cost_budget, needed)
+            run: Any = await batches.run()
         else:
             run = InferenceRun(
                 task.run_settings(self.settings, self.pool.capacity(call.model)), frame,
@@ -197,6 +199,7 @@ class InferenceClient:
                 pool=self.pool, ledger=self.ledger, token_budget=budget,
                 partition_key=call.partition_key, run_id=run_id, scope=call.scope,
                 logger=log, collect_keys=keep_keys, budget_usd=call.budget_usd)
+            _name_budget_needed(run.budgets.usd if run.budgets is not None else None, needed)
             await run.run()
         if supersede_stale and call.partition_key:
             await asyncio.to_thread(self.ledger.mark_superseded, call.partition_key, run.keys,
@@ -315,14 +318,16 @@ class InferenceClient:
                         deduplicated=duplicates, invalid=invalid,
                         requests_to_send=max(by_count, by_tokens))
 
-    def _check_budget(self, call: CallBase, task: Task, frame: Any, *, batch: bool) -> None:
+    def _check_budget(self, call: CallBase, task: Task, frame: Any, *, batch: bool
+                      ) -> float | None:
         """Refuse a call whose plan (its distinct requests not answered by the ledger, at the
         delivery it uses) costs more than its ``budget_usd`` (see :mod:`.run.budgets`); rows
-        the ledger holds cost nothing."""
+        the ledger holds cost nothing. Returns the plan's ``budget_needed_usd``."""
         counted = self._count(call, task, frame, usable=None)
-        check_planned_cost(self.settings, call.budget_usd, make_plan(
-            self.settings, self.ledger, counted, scope=call.scope,
-            delivery=BATCH_API if batch else ONLINE))
+        plan = make_plan(self.settings, self.ledger, counted, scope=call.scope,
+                         delivery=BATCH_API if batch else ONLINE)
+        check_planned_cost(self.settings, call.budget_usd, plan)
+        return plan.budget_needed_usd
 
     def _bind(self, df: Any, call: CallBase) -> tuple[CallBase, Any]:
         """The call bound to ``df`` and the settings, and the columns of ``df`` it reads."""
@@ -341,6 +346,13 @@ class InferenceClient:
                            max_reply_bytes=settings.max_reply_bytes),
             route=task.route, route_models=task.route_models(settings), parse=task.parse_reply,
             log=log))
+
+
+def _name_budget_needed(budget: Any, needed: float | None) -> None:
+    """Have a run's USD budget (a ``CostBudget``, or None without one) name, in the rows it
+    defers, the budget its plan says sends every row (``Plan.budget_needed_usd``)."""
+    if budget is not None:
+        budget.needed_usd = needed
 
 
 def token_reservations(client: InferenceClient, df: Any, call: CallBase) -> tuple[int, int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dagster_batchllm import Price
@@ -430,3 +432,64 @@ def test_in_batch_mode_budget_usd_is_charged_at_submission_and_never_passed(tmp_
     assert paid <= budget and result.stats.cost_usd == pytest.approx(paid)
     lines = sim.stats(log=False)["batches"]["lines_answered"]
     assert lines == result.stats.succeeded  # nothing past the budget reached the provider
+
+
+# -- the budget a call needs: plan().budget_needed_usd ---------------------------------------------
+
+
+def _ask(**more):
+    return dict(prompt="{text}", model=MODEL, output_column="out", max_tokens=8, **more)
+
+
+def test_online_a_budget_of_the_plans_budget_needed_sends_every_row(sim, priced_client,
+                                                                    tmp_path):
+    """Each request reserves its most possible cost until its reply settles it, so the run
+    needs the planned cost and one reservation more; the plan says so, and a deferral names
+    the figure."""
+    rows = _long_rows(30)
+    client = priced_client(sim)
+    plan = client.plan(rows, **_ask())
+    needed = plan.budget_needed_usd
+    assert plan.cost_usd < needed < 2 * plan.cost_usd
+    assert f"budget_usd that sends every row: ${needed:.6f}" in plan.summary()
+    assert plan.as_dict()["budget_needed_usd"] == needed
+
+    result = client.infer(rows, **_ask(budget_usd=needed))
+    assert (result.stats.succeeded, result.stats.deferred) == (30, 0)
+
+    fresh = priced_client(sim, store_url=f"sqlite:///{tmp_path / 'fresh.db'}")
+    less = fresh.infer(rows, **_ask(budget_usd=plan.cost_usd))
+    assert 0 < less.stats.deferred < 30  # the plan's cost fits; the last reservations do not
+    deferred = less.df.loc[less.df["out"].isna(), "out_error"]
+    assert deferred.str.contains(re.escape(
+        f"(a budget of at least ${needed:.6f} sends every row; see plan())")).all()
+
+
+@pytest.mark.slow  # two batch runs: about 1.5 s
+def test_in_batch_mode_a_budget_of_the_plans_budget_needed_sends_every_row(tmp_path):
+    """Each line is charged its most possible cost when submitted (several times the planned
+    cost here: a token per byte of the prompt, max_tokens for every reply): the plan shows
+    that sum, and a budget a little under it defers the last line, naming it."""
+    from dagster_batchllm.core.client import InferenceClient
+    from dagster_batchllm.testing import SimulatedEndpoint
+
+    rows = _long_rows(30)
+    with SimulatedEndpoint(models=(MODEL,), api_key="sk-batch") as sim:
+        for name, under in (("enough", False), ("less", True)):
+            settings = batch_settings(sim, f"sqlite:///{tmp_path / name}.db",
+                                      endpoint={"prices": BUDGET_PRICE})
+            with InferenceClient(settings) as client:
+                plan = client.plan(rows, **_ask(mode="batch_api"))
+                needed = plan.budget_needed_usd
+                assert needed > 2 * plan.cost_usd  # what the issue's reader was not shown
+                assert "each batch line is charged its most possible cost" in plan.summary()
+                # less: half a line's bound short (the 30 lines' bounds are about equal)
+                budget = needed - needed / 60 if under else needed
+                result = client.infer(rows, **_ask(mode="batch_api", budget_usd=budget))
+            if not under:
+                assert (result.stats.succeeded, result.stats.deferred) == (30, 0)
+                continue
+            assert (result.stats.succeeded, result.stats.deferred) == (29, 1)
+            [message] = result.df["out_error"].dropna()
+            assert message.endswith(
+                f"(a budget of at least ${needed:.6f} sends every row; see plan())")

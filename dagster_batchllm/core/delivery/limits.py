@@ -74,6 +74,15 @@ class CostBudget(TokenBudget):
         super().__init__(0)
         self.total = float(total_usd)
         self.in_flight = 0
+        #: The budget the call's plan says sends every row (``Plan.budget_needed_usd``), which
+        #: a deferral names; None where the call was not planned.
+        self.needed_usd: float | None = None
+
+    def sends_every_row(self) -> str:
+        """What a deferral adds: the budget that would have sent every row, where known."""
+        if self.needed_usd is None or self.needed_usd <= self.total:
+            return ""
+        return f" (a budget of at least ${self.needed_usd:.6f} sends every row; see plan())"
 
     @property
     def idle(self) -> bool:
@@ -209,7 +218,7 @@ def charge_submission(tokens: TokenBudget | None, usd: CostBudget | None,
             return DeferredError(
                 f"the budget (${usd.total:.6f}) has ${max(0.0, usd.remaining):.6f} left, "
                 f"this line may cost up to ${bound:.6f} at the batch price; a later call will "
-                "submit it")
+                f"submit it{usd.sends_every_row()}")
         usd.settle(bound, bound)
     return None
 

@@ -113,7 +113,7 @@ class RunBudgets:
             return DeferredError(
                 f"the budget (${refused.total:.6f}) has ${max(0.0, refused.remaining):.6f} "
                 f"left, this request may cost up to ${self._bound(request):.6f}; a later call "
-                "will send it")
+                f"will send it{refused.sends_every_row()}")
         return DeferredError(
             f"the token budget ({refused.total}) has {refused.remaining} tokens "
             f"left, this request may need {request.reserve_tokens}; a later call will send it")

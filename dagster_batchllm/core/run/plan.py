@@ -20,6 +20,14 @@ forecasts, per model, what the rows left to send will use and cost:
   model (the pool sends there first; a dearer one takes only what the cheaper cannot);
   ``batch_api``, where an endpoint with ``batch_api=True`` serves every model to send: at its
   batch price.
+- **The budget needed** (``budget_needed_usd``): the ``budget_usd`` that sends every row at the
+  call's delivery, by the rule the budget keeps (:mod:`.budgets`). Online each request
+  reserves its most possible cost (:func:`~..delivery.limits.cost_bound`) until its reply
+  settles it, and one that does not fit waits for those in flight: so the run needs the
+  planned cost plus the largest single reservation, which the last request must find free.
+  Through a batch API each line is charged its most possible cost for good when it is
+  submitted: so the call needs the sum of those, often a few times the planned cost (the
+  bound counts a token per byte of the prompt and ``max_tokens`` for every reply).
 
 With fewer than :data:`MIN_CALIBRATION_RECORDS` such records, a model's figures are the
 bound: the 4-characters estimate, ``max_tokens`` for every reply, nothing cached. Each model's
@@ -29,12 +37,14 @@ bound: the 4-characters estimate, ``max_tokens`` for every reply, nothing cached
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from ..delivery.limits import cost_bound
 from ..ledger.table import OK
 
 if TYPE_CHECKING:
@@ -168,8 +178,11 @@ class Plan:
     ``rows_to_send``: the distinct requests to send (rows of the call that repeat one ride
     along). ``cost_usd``: at ``delivery``, the one the call would use; ``cost_by_delivery``:
     every delivery the endpoints offer for the models to send (None: a model is not priced
-    there). ``basis`` says how each model's figures were obtained; ``by_model`` holds each
-    model's figures."""
+    there). ``budget_needed_usd``: the ``budget_usd`` that sends every row at ``delivery``
+    (online: ``cost_usd`` and the largest single reservation; batch: every line's most
+    possible cost, charged at submission; rounded up to the micro-dollar; None: not priced).
+    ``basis`` says how each model's figures were obtained; ``by_model`` holds each model's
+    figures."""
 
     rows: int
     rows_to_send: int
@@ -185,6 +198,7 @@ class Plan:
     cost_by_delivery: dict[str, float | None]
     basis: str
     by_model: dict[str, dict[str, Any]] = field(default_factory=dict)
+    budget_needed_usd: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -196,11 +210,34 @@ class Plan:
                 f"by the ledger, {self.rows_deduplicated:,} duplicates, {self.invalid_rows:,} "
                 f"invalid); ~{self.input_tokens:,} input tokens ({self.cached_share:.0%} "
                 f"cached), ~{self.expected_output_tokens:,} output tokens; cost {costs} (this "
-                f"call: {self.delivery}, {_usd(self.cost_usd)}). Basis: {self.basis}")
+                f"call: {self.delivery}, {_usd(self.cost_usd)}); budget_usd that sends every "
+                f"row: {_usd(self.budget_needed_usd)} ({_NEEDED_BECAUSE[self.delivery]}). "
+                f"Basis: {self.basis}")
+
+
+# Why the budget needed is more than the planned cost, per delivery (see the module's docstring)
+_NEEDED_BECAUSE = {
+    ONLINE: "the planned cost and the largest single request's reservation",
+    BATCH_API: "each batch line is charged its most possible cost when submitted",
+}
 
 
 def _usd(cost: float | None) -> str:
     return "not priced" if cost is None else f"${cost:.6f}"
+
+
+def budget_needed(settings: InferenceSettings, requests: Sequence[RowRequest],
+                  cost_usd: float | None, delivery: str) -> float | None:
+    """The ``budget_usd`` that sends every one of ``requests`` at ``delivery`` (see the
+    module's docstring), rounded up to the micro-dollar, as the plan shows it; None where a
+    model is not priced."""
+    batch = delivery == BATCH_API
+    bounds = [cost_bound(settings, r, batch=batch) for r in requests]
+    if cost_usd is None or math.inf in bounds:
+        return None
+    needed = sum(bounds) if batch else cost_usd + max(bounds, default=0.0)
+    # Up, with room for float sums in another order: a budget of this figure is enough.
+    return math.ceil(needed * 1e6 + 1e-6) / 1e6 if needed else 0.0
 
 
 def make_plan(settings: InferenceSettings, ledger: Ledger, counted: DryCount, *, scope: str,
@@ -231,8 +268,11 @@ def make_plan(settings: InferenceSettings, ledger: Ledger, counted: DryCount, *,
         cost_usd=cost_by_delivery.get(delivery), cost_by_delivery=cost_by_delivery,
         basis="; ".join(f"{model}: {f.basis}" for model, f in forecasts.items())
         or "nothing to send",
-        by_model={model: dataclasses.asdict(f) for model, f in forecasts.items()})
+        by_model={model: dataclasses.asdict(f) for model, f in forecasts.items()},
+        budget_needed_usd=budget_needed(settings, counted.to_send,
+                                        cost_by_delivery.get(delivery), delivery))
 
 
 __all__ = ["BATCH_API", "MIN_CALIBRATION_RECORDS", "ONLINE", "DryCount", "ModelForecast",
-           "PastUsage", "Plan", "forecast", "make_plan", "online_price", "past_usage"]
+           "PastUsage", "Plan", "budget_needed", "forecast", "make_plan", "online_price",
+           "past_usage"]
