@@ -22,7 +22,6 @@ _LAZY = {
     "stats_metadata": "dagster_batchllm.factories.metadata",
     "BatchInferenceResource": "dagster_batchllm.resource",
     "Endpoint": "dagster_batchllm.resource",
-    "ModelPrice": "dagster_batchllm.resource",
     "Price": "dagster_batchllm.core",
     "MlflowModel": "dagster_batchllm.resource",
     "build_scoring_asset": "dagster_batchllm.factories.scoring",
@@ -70,7 +69,6 @@ __all__ = [
     "build_retry_partitions_sensor",
     "stats_metadata",
     "ManagedEndpoint",
-    "ModelPrice",
     "Price",
     "ModelScoringComponent",
     "MlflowModel",
@@ -112,7 +110,7 @@ if TYPE_CHECKING:
         build_model_version_asset,
         build_scoring_asset,
     )
-    from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, MlflowModel, ModelPrice
+    from .resource import BatchInferenceResource, Endpoint, ManagedEndpoint, MlflowModel
     from .sensors.batches import build_batch_collect_sensor
     from .sensors.retry_partitions import build_new_data_sensor, build_retry_partitions_sensor
 

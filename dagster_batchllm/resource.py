@@ -9,7 +9,7 @@ import dagster as dg
 from dagster._config.field import Field as ConfigField
 from dagster._config.field_utils import Shape
 from dagster._core.definitions.definition_config_schema import DefinitionConfigSchema
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, field_validator
 
 from .core import (
     CallBase,
@@ -22,6 +22,7 @@ from .core import (
     InferenceSettings,
     MlflowModelSpec,
     Plan,
+    Price,
 )
 from .factories.context import read_context
 from .managed.start import RunningEndpoint, start_managed
@@ -30,13 +31,16 @@ from .resource_config import (
     Endpoint,
     ManagedEndpoint,
     MlflowModel,
-    ModelPrice,
+    PriceConfig,
+    as_price_config,
     declared,
+    declared_prices,
+    spec_prices,
     spec_values,
 )
 
 __all__ = ["SETTINGS_BUILT_FROM", "BatchInferenceResource", "Endpoint", "ManagedEndpoint",
-           "MlflowModel", "ModelPrice"]
+           "MlflowModel"]
 
 
 class BatchInferenceResource(dg.ConfigurableResource):
@@ -71,7 +75,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
 
     The fields are those of :class:`~dagster_batchllm.core.settings.InferenceSettings`, except
     ``endpoints``, ``managed_endpoints`` and ``prices``, from which ``to_settings()`` builds the
-    settings' ``endpoints`` and ``model_prices``.
+    settings' ``endpoints`` and ``prices``.
 
     Run config given at launch (the launchpad, ``launchRun``) is merged over the values set
     here: ``{"resources": {"llm": {"config": {"progress_interval_s": 1}}}}`` changes that one
@@ -97,10 +101,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
         description="Endpoints this resource starts itself (e.g. the embedded default) and pools "
         "with the others.",
     )
-    prices: list[ModelPrice] = Field(
-        default_factory=list, description="Resource-wide prices per model, for the endpoints "
-        "whose own prices (Endpoint.prices) do not name it."
-    )
+    prices: dict[str, PriceConfig] = declared_prices(InferenceSettings)
     mlflow_models: list[MlflowModel] = Field(
         default_factory=list,
         description="Traditional ML models (MLflow pyfunc) scored in process by predict().")
@@ -154,10 +155,10 @@ class BatchInferenceResource(dg.ConfigurableResource):
                 "mlflow_models=[MlflowModel(...)] for predict()).",
                 [], None,
             )
+        endpoints = (tuple(e.to_spec() for e in self.endpoints)
+                     + tuple(r.spec for r in self._running))
         return InferenceSettings(
-            endpoints=tuple(e.to_spec() for e in self.endpoints)
-            + tuple(r.spec for r in self._running),
-            model_prices=tuple(p.as_settings() for p in self.prices),
+            endpoints=endpoints, prices=self._prices_served(endpoints),
             mlflow_models=tuple(m.to_spec() for m in self.mlflow_models),
             **spec_values(self, InferenceSettings, converted=SETTINGS_BUILT_FROM),
         )
@@ -200,6 +201,24 @@ class BatchInferenceResource(dg.ConfigurableResource):
             mlflow_models=tuple(MlflowModelSpec(name=_configured(m.name),
                                                 model_uri=_configured(m.model_uri))
                                 for m in self.mlflow_models))
+
+    @field_validator("prices", mode="before")
+    @classmethod
+    def _prices_in_config_form(cls, value: Any) -> Any:
+        return as_price_config(value)  # a Price, or a mapping of them, as the core takes it
+
+    def _prices_served(self, endpoints: tuple[EndpointSpec, ...]) -> dict[str, Price]:
+        """The resource-wide prices, less those of models that only managed endpoints not
+        started yet will serve (settings read before they start, as a sensor's, have no
+        endpoint serving them; a name no endpoint will serve is left for the settings to
+        refuse)."""
+        prices = spec_prices(self.prices)
+        if self._running or not self.managed_endpoints:
+            return prices
+        later = {m for managed in self.managed_endpoints
+                 for models in managed.to_spec().served_models() for m in models}
+        now = {m for e in endpoints for m in e.served_models}
+        return {m: p for m, p in prices.items() if m in now or m not in later}
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self._log = context.log

@@ -1,26 +1,27 @@
 """The resource's config classes: ``Endpoint``, ``MlflowModel``, ``ManagedEndpoint``,
-``ModelPrice``, each mirroring a plain-data spec of the core (its one home for defaults and
+``PriceConfig``, each mirroring a plain-data spec of the core (its one home for defaults and
 descriptions), and the helpers that read config into those specs."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import dagster as dg
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from .core import (
     DESCRIPTION,
+    EVERY_MODEL,
     EndpointSpec,
     InferenceConfigError,
     InferenceSettings,
     MlflowModelSpec,
+    Price,
 )
 from .managed.start import ManagedEndpointSpec
-from .price_config import EndpointPrice, as_price_config, spec_prices
 
 
 def declared(spec: type, name: str) -> Any:
@@ -37,6 +38,15 @@ def declared(spec: type, name: str) -> Any:
     if not source.repr:
         options["repr"] = False
     return Field(**options)
+
+
+def declared_prices(spec: type) -> Any:
+    """The config field of a spec's ``prices``: a mapping model -> :class:`PriceConfig`
+    (``'*'``: every model), with the spec's description; a Price or a mapping of Prices given
+    in code becomes config through :func:`as_price_config`, which the class calls before
+    pydantic checks the field."""
+    return Field(default_factory=dict,
+                 description=_SPEC_FIELDS[spec]["prices"].metadata[DESCRIPTION])
 
 
 def spec_values(config: dg.Config, spec: type, *, converted: Iterable[str] = ()) -> dict:
@@ -68,7 +78,51 @@ def _resolved(value: Any, config: Any, field: str) -> Any:
 
 _SPEC_FIELDS = {spec: {f.name: f for f in dataclasses.fields(spec)}
                 for spec in (EndpointSpec, ManagedEndpointSpec, InferenceSettings,
-                             MlflowModelSpec)}
+                             MlflowModelSpec, Price)}
+
+
+class PriceConfig(dg.Config):
+    """A :class:`~dagster_batchllm.core.pricing.Price` as config (YAML, the launchpad): its
+    fields, with its defaults and descriptions, checked as it checks them when built.
+
+    ``Endpoint.prices`` and the resource's ``prices`` are mappings model -> these fields,
+    ``'*'`` standing for every model; in code they take Prices::
+
+        prices:
+          gpt-4o: {input_per_mtok: 2.5, output_per_mtok: 10, cached_input_per_mtok: 1.25}
+          '*': {input_per_mtok: 0.2, output_per_mtok: 0.6}
+    """
+
+    input_per_mtok: float = declared(Price, "input_per_mtok")
+    output_per_mtok: float = declared(Price, "output_per_mtok")
+    cached_input_per_mtok: float | None = declared(Price, "cached_input_per_mtok")
+    batch_discount: float = declared(Price, "batch_discount")
+    batch_input_per_mtok: float | None = declared(Price, "batch_input_per_mtok")
+    batch_output_per_mtok: float | None = declared(Price, "batch_output_per_mtok")
+
+    @model_validator(mode="after")
+    def _a_valid_price(self) -> PriceConfig:
+        self.to_price()  # refused here, as Price refuses it, not at the first call
+        return self
+
+    def to_price(self) -> Price:
+        return Price(**spec_values(self, Price))
+
+
+def as_price_config(value: Any) -> Any:
+    """Prices as given in code (one Price for every model, a mapping model -> Price) in their
+    config form; config already in that form passes as it is (pydantic checks it)."""
+    if isinstance(value, Price):
+        value = {EVERY_MODEL: value}
+    if isinstance(value, Mapping):
+        return {model: PriceConfig(**dataclasses.asdict(price)) if isinstance(price, Price)
+                else price for model, price in value.items()}
+    return value
+
+
+def spec_prices(prices: Mapping[str, PriceConfig]) -> dict[str, Price]:
+    """Config prices as the core's, model -> Price."""
+    return {model: price.to_price() for model, price in prices.items()}
 
 
 class Endpoint(dg.Config):
@@ -93,9 +147,7 @@ class Endpoint(dg.Config):
     protocol: Literal["openai", "mlflow"] = declared(EndpointSpec, "protocol")
     served_model_uri: str | None = declared(EndpointSpec, "served_model_uri")
     served_model_version: str | None = declared(EndpointSpec, "served_model_version")
-    prices: dict[str, EndpointPrice] = Field(
-        default_factory=dict, description=_SPEC_FIELDS[EndpointSpec]["prices"].metadata[
-            DESCRIPTION])
+    prices: dict[str, PriceConfig] = declared_prices(EndpointSpec)
 
     @field_validator("prices", mode="before")
     @classmethod
@@ -139,37 +191,10 @@ class ManagedEndpoint(dg.Config):
         return ManagedEndpointSpec(**spec_values(self, ManagedEndpointSpec))
 
 
-class ModelPrice(dg.Config):
-    """A model's price for every endpoint that names none for it (``Endpoint(prices=...)``
-    is the per-endpoint form: the same model may cost differently at each provider)."""
-
-    model: str = Field(description="The model name, as in Endpoint.models.")
-    usd_per_1m_prompt_tokens: float = Field(description="USD per million prompt tokens.")
-    usd_per_1m_completion_tokens: float = Field(description="USD per million completion tokens.")
-    batch_discount: float = Field(
-        default=0.5, description="The batch API's price as a share of the online price "
-        "(OpenAI, Together, Groq, Mistral: 0.5), where no batch prices are given.")
-    usd_per_1m_batch_prompt_tokens: float | None = Field(
-        default=None, description="USD per million prompt tokens through the batch API.")
-    usd_per_1m_batch_completion_tokens: float | None = Field(
-        default=None, description="USD per million completion tokens through the batch API.")
-
-    def as_settings(self) -> tuple[str, float, float, float, float]:
-        """(model, prompt, completion, batch prompt, batch completion) USD per 1M tokens."""
-        batch_prompt = (self.usd_per_1m_batch_prompt_tokens
-                        if self.usd_per_1m_batch_prompt_tokens is not None
-                        else self.usd_per_1m_prompt_tokens * self.batch_discount)
-        batch_completion = (self.usd_per_1m_batch_completion_tokens
-                            if self.usd_per_1m_batch_completion_tokens is not None
-                            else self.usd_per_1m_completion_tokens * self.batch_discount)
-        return (self.model, self.usd_per_1m_prompt_tokens, self.usd_per_1m_completion_tokens,
-                batch_prompt, batch_completion)
-
-
 # The settings fields that are not copied by name: to_settings() builds each from these
 # resource fields of other shapes.
 SETTINGS_BUILT_FROM = {
     "endpoints": ("endpoints", "managed_endpoints"),
-    "model_prices": ("prices",),
+    "prices": ("prices",),
     "mlflow_models": ("mlflow_models",),
 }

@@ -26,7 +26,7 @@ import os
 
 import dagster as dg
 
-from dagster_batchllm import BatchInferenceResource, Endpoint, ManagedEndpoint, ModelPrice
+from dagster_batchllm import BatchInferenceResource, Endpoint, ManagedEndpoint, Price
 from dagster_batchllm.managed.classical import EMBEDDING_MODELS, LOCAL_MODELS
 from dagster_batchllm.managed.classical.models import ALIAS
 
@@ -35,9 +35,8 @@ from .warehouse import DEFAULT_DATA_DIR, WarehouseIOManager, WarehouseResource
 
 EMBEDDED_MODEL = ALIAS
 # The embedded models run on this machine: they cost nothing per token.
-EMBEDDED_PRICES = [ModelPrice(model=m, usd_per_1m_prompt_tokens=0.0,
-                              usd_per_1m_completion_tokens=0.0)
-                   for m in (ALIAS, *LOCAL_MODELS, *EMBEDDING_MODELS)]
+EMBEDDED_PRICES = {m: Price(input_per_mtok=0.0, output_per_mtok=0.0)
+                   for m in (ALIAS, *LOCAL_MODELS, *EMBEDDING_MODELS)}
 
 
 def build_llm_resource() -> BatchInferenceResource:
@@ -94,13 +93,13 @@ def serves_embeddings(llm: BatchInferenceResource) -> bool:
     return bool(llm.managed_endpoints) or any(e.embedding_models for e in llm.endpoints)
 
 
-def _prices_from_environment(model: str) -> list[ModelPrice]:
+def _prices_from_environment(model: str) -> dict[str, Price]:
     prompt = os.environ.get("BATCHLLM_USD_PER_1M_PROMPT_TOKENS")
     completion = os.environ.get("BATCHLLM_USD_PER_1M_COMPLETION_TOKENS")
     if prompt is None and completion is None:
-        return []  # the cost figures then say that no price is set, and how to set one
-    return [ModelPrice(model=model, usd_per_1m_prompt_tokens=float(prompt or 0),
-                       usd_per_1m_completion_tokens=float(completion or 0))]
+        return {}  # the cost figures then say that no price is set, and how to set one
+    return {model: Price(input_per_mtok=float(prompt or 0),
+                         output_per_mtok=float(completion or 0))}
 
 
 def describe_llm(llm: BatchInferenceResource) -> str:
@@ -118,13 +117,12 @@ def _describe_prices(llm: BatchInferenceResource) -> str:
     if not llm.prices:
         return ("No prices are set, so the metadata shows tokens but no cost: set "
                 "BATCHLLM_USD_PER_1M_PROMPT_TOKENS and BATCHLLM_USD_PER_1M_COMPLETION_TOKENS.")
-    if all(p.usd_per_1m_prompt_tokens == p.usd_per_1m_completion_tokens == 0
-           for p in llm.prices):
+    if all(p.input_per_mtok == p.output_per_mtok == 0 for p in llm.prices.values()):
         return ("Cost: the models run on the embedded endpoint on this machine and are priced at "
                 "$0 per token, so every cost figure is $0.")
     return "Cost: " + "; ".join(
-        f"`{p.model}` ${p.usd_per_1m_prompt_tokens:g} per 1M prompt tokens and "
-        f"${p.usd_per_1m_completion_tokens:g} per 1M completion tokens" for p in llm.prices) + "."
+        f"`{model}` ${p.input_per_mtok:g} per 1M prompt tokens and ${p.output_per_mtok:g} per "
+        "1M completion tokens" for model, p in llm.prices.items()) + "."
 
 
 def build_resources(llm: BatchInferenceResource | None = None) -> dict[str, object]:

@@ -293,8 +293,8 @@ CORE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("delivery", ("core.delivery",)),
     ("ledger", ("core.ledger",)),
     ("shared types", tuple(f"core.{name}" for name in (
-        "requests", "results", "errors", "error_kinds", "settings", "pricing", "usage",
-        "redaction", "file_policy"))),
+        "requests", "results", "errors", "error_kinds", "settings", "descriptions", "pricing",
+        "usage", "redaction", "file_policy"))),
 )
 
 

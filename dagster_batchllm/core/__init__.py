@@ -30,8 +30,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
     ".run.sync": ("run_sync",),
     ".tasks.predict.task": ("PredictionResult",),
     # Settings, mirrored into Dagster config (a field's description written once).
-    ".settings": ("DEFAULT_LEDGER_TABLE", "DESCRIPTION", "EndpointSpec", "InferenceSettings",
-                  "MlflowModelSpec", "described"),
+    ".settings": ("DEFAULT_LEDGER_TABLE", "EndpointSpec", "InferenceSettings", "MlflowModelSpec"),
+    ".descriptions": ("DESCRIPTION", "described"),
     ".pricing": ("EVERY_MODEL", "Price"),
     # The jobs: their calls, and what a job defined outside the core is made of.
     ".tasks.base": ("CallBase", "register_task", "task_type_for"),
@@ -133,6 +133,7 @@ if TYPE_CHECKING:
     from .batch.waits import poll_waiting_partitions
     from .client import InferenceClient, token_reservations
     from .delivery.transport import json_reply
+    from .descriptions import DESCRIPTION, described
     from .errors import (
         BatchLLMError,
         ContextLengthExceededError,
@@ -155,11 +156,9 @@ if TYPE_CHECKING:
     from .run.sync import run_sync
     from .settings import (
         DEFAULT_LEDGER_TABLE,
-        DESCRIPTION,
         EndpointSpec,
         InferenceSettings,
         MlflowModelSpec,
-        described,
     )
     from .tasks.base import CallBase, register_task, task_type_for
     from .tasks.cells import cell_text

@@ -1,46 +1,75 @@
-"""What tokens cost: a model's :class:`Price` at an endpoint, and the cost of one answer.
+"""What tokens cost: a model's :class:`Price`, and the cost of one answer.
 
-The same model costs differently at different providers, so a price belongs to an endpoint
-(``EndpointSpec.prices``: per model, or one for every model it serves); the resource-wide
-``model_prices`` (``ModelPrice``) is the fallback for endpoints that name none.
+``Price`` is the one price type: in code, ``Price(input_per_mtok=2.5, output_per_mtok=10)``; in
+Dagster config and YAML, the same fields (``dagster_batchllm.resource_config.PriceConfig``
+declares them from these). The same model costs differently at different providers, so a
+price belongs to an endpoint (``EndpointSpec.prices``: per model, or one for every model it
+serves); the settings' resource-wide ``prices`` are the fallback for endpoints that name none.
 :func:`price_on` is the one place that decides which price applies. Prices are plain frozen
 data: they travel to Spark executors with the settings.
+
+Example::
+
+    >>> Price(input_per_mtok=2.0, output_per_mtok=8.0).cost(1_000, 500)
+    0.006
+    >>> Price(input_per_mtok=2.0, output_per_mtok=8.0).cost(1_000, 500, batch=True)
+    0.003
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: The key of ``EndpointSpec.prices`` under which one price covers every model it serves.
+from .descriptions import described
+
+#: The key of a prices mapping under which one price covers every model it applies to.
 EVERY_MODEL = "*"
 
 
 @dataclass(frozen=True)
 class Price:
-    """USD per million tokens of one model at one endpoint.
+    """USD per million tokens of one model (at one endpoint, or resource-wide).
 
-    ``cached_input_per_mtok``: prompt tokens the server answered from its prefix cache
-    (``usage.prompt_tokens_details.cached_tokens``; Anthropic's cache reads), by default at
-    ``input_per_mtok``. ``batch_discount``: the share of the price a provider's batch API
-    charges (OpenAI, Together, Groq, Mistral, Anthropic: 0.5). ``batch_input_per_mtok`` /
-    ``batch_output_per_mtok``: batch prices that are no such share (the resource-wide
-    ``ModelPrice`` form can say them)."""
+    Checked where it is built: a price below 0, or a ``batch_discount`` outside 0 to 1, is
+    refused then, saying which field and what it takes."""
 
-    input_per_mtok: float
-    output_per_mtok: float
-    cached_input_per_mtok: float | None = None
-    batch_discount: float = 0.5
-    batch_input_per_mtok: float | None = None
-    batch_output_per_mtok: float | None = None
+    input_per_mtok: float = described("USD per million prompt tokens.")
+    output_per_mtok: float = described("USD per million completion tokens.")
+    cached_input_per_mtok: float | None = described(
+        "USD per million prompt tokens answered from the server's prefix cache "
+        "(usage.prompt_tokens_details.cached_tokens; Anthropic's cache reads); None: "
+        "input_per_mtok.", None)
+    batch_discount: float = described(
+        "The share of the online price the provider's batch API charges, from 0 to 1 (OpenAI, "
+        "Together, Groq, Mistral, Anthropic: 0.5, half price; 1: the online price); "
+        "batch_input_per_mtok and batch_output_per_mtok take precedence where given.", 0.5)
+    batch_input_per_mtok: float | None = described(
+        "USD per million prompt tokens through the batch API, where it is no share of the "
+        "online price; None: input_per_mtok * batch_discount.", None)
+    batch_output_per_mtok: float | None = described(
+        "USD per million completion tokens through the batch API; None: output_per_mtok * "
+        "batch_discount.", None)
 
     def __post_init__(self) -> None:
         for name in ("input_per_mtok", "output_per_mtok", "cached_input_per_mtok",
-                     "batch_discount", "batch_input_per_mtok", "batch_output_per_mtok"):
+                     "batch_input_per_mtok", "batch_output_per_mtok"):
             value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ValueError(f"Price: {name} must be a number >= 0, got {value!r}.")
+            if value is None and name not in ("input_per_mtok", "output_per_mtok"):
+                continue
+            if not _is_number(value) or value < 0:
+                raise ValueError(
+                    f"Price: {name} is USD per million tokens, a number >= 0 (0 for a model "
+                    f"that costs nothing); got {value!r}.")
+        share = self.batch_discount
+        if not _is_number(share) or not 0 <= share <= 1:
+            raise ValueError(
+                "Price: batch_discount is the share of the online price the batch API charges, "
+                f"from 0 to 1 (0.5: half price; 1: the online price); got {share!r}. For batch "
+                "prices that are no share of the online ones, set batch_input_per_mtok and "
+                "batch_output_per_mtok.")
 
     def per_mtok(self, *, batch: bool = False) -> tuple[float, float, float]:
         """USD per million (uncached prompt, cached prompt, completion) tokens, for an online
@@ -87,10 +116,11 @@ def cost_at(rates: tuple[float, float, float], prompt_tokens: int, completion_to
     return cost if cost > 0.0 else 0.0
 
 
-def endpoint_prices(value: Price | Mapping[str, Price] | Iterable[Any] | None, *,
-                    endpoint: str) -> tuple[tuple[str, Price], ...]:
-    """``EndpointSpec.prices`` in its stored form, sorted (model, Price) pairs, from one Price
-    (every model), a mapping model -> Price, or such pairs."""
+def price_pairs(value: Price | Mapping[str, Price] | Iterable[Any] | None, *,
+                where: str) -> tuple[tuple[str, Price], ...]:
+    """Prices in their stored form, sorted (model, Price) pairs, from one Price (every model,
+    :data:`EVERY_MODEL`), a mapping model -> Price, or such pairs. ``where``: whose prices
+    they are, for the error."""
     if value is None:
         return ()
     if isinstance(value, Price):
@@ -98,35 +128,38 @@ def endpoint_prices(value: Price | Mapping[str, Price] | Iterable[Any] | None, *
     pairs = value.items() if isinstance(value, Mapping) else value
     stored = []
     for pair in pairs:
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise ValueError(
+                f"{where}: prices is a mapping model -> Price, such as {{'gpt-4o': Price("
+                f"input_per_mtok=2.5, output_per_mtok=10)}} (or one Price for every model); "
+                f"got an item {pair!r}.")
         model, price = pair
         if not isinstance(price, Price):
-            raise ValueError(f"Endpoint '{endpoint}': prices[{model!r}] must be a Price, got "
-                             f"{type(price).__name__}.")
+            raise ValueError(f"{where}: prices[{model!r}] must be a Price (Price(input_per_mtok"
+                             f"=..., output_per_mtok=...)), got {type(price).__name__}.")
         stored.append((str(model), price))
     return tuple(sorted(stored))
 
 
-def legacy_price(entry: tuple[Any, ...]) -> tuple[str, Price]:
-    """A ``model_prices`` entry ``(model, prompt, completion[, batch prompt, batch
-    completion])`` (USD per 1M tokens, what ``ModelPrice`` makes) as a Price."""
-    model, prompt, completion, *batch = entry
-    if len(batch) >= 2:
-        return model, Price(prompt, completion, batch_input_per_mtok=batch[0],
-                            batch_output_per_mtok=batch[1])
-    return model, Price(prompt, completion, batch_discount=1.0)
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
-def price_on(endpoint_prices_: tuple[tuple[str, Price], ...],
+def price_on(endpoint_prices: tuple[tuple[str, Price], ...],
              resource_prices: Mapping[str, Price], model: str) -> Price | None:
     """The price of ``model`` at an endpoint: its own price of the model, else its price of
-    every model, else the resource-wide price of the model (None: not priced)."""
+    every model, else the resource-wide price of the model, else the resource-wide price of
+    every model (None: not priced)."""
     every = None
-    for name, price in endpoint_prices_:
+    for name, price in endpoint_prices:
         if name == model:
             return price
         if name == EVERY_MODEL:
             every = price
-    return every if every is not None else resource_prices.get(model)
+    if every is not None:
+        return every
+    return resource_prices.get(model, resource_prices.get(EVERY_MODEL))
 
 
-__all__ = ["EVERY_MODEL", "Price", "cost_at", "endpoint_prices", "legacy_price", "price_on"]
+__all__ = ["EVERY_MODEL", "Price", "cost_at", "price_on", "price_pairs"]

@@ -11,22 +11,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from dataclasses import MISSING, dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from .pricing import EVERY_MODEL, Price, endpoint_prices, legacy_price, price_on
+from .descriptions import described
+from .pricing import EVERY_MODEL, Price, price_on, price_pairs
 
 # Where answers are kept unless configured otherwise: a SQLite file in the working directory.
 DEFAULT_STORE_URL = "sqlite:///batchllm.db"
 DEFAULT_LEDGER_TABLE = "batchllm_requests"
-# The key of a field's description in its dataclass metadata.
-DESCRIPTION = "description"
-
-
-def described(description: str, default: Any = MISSING, **options: Any) -> Any:
-    """A dataclass field with its description in ``metadata["description"]``, where the
-    Dagster config that mirrors it reads it (so a default or description is written once)."""
-    return field(default=default, metadata={DESCRIPTION: description}, **options)
 
 
 ENDPOINT_PROTOCOLS = ("openai", "mlflow")
@@ -109,7 +101,7 @@ class EndpointSpec:
     prices: tuple[tuple[str, Price], ...] = described(
         "What this endpoint charges: a Price per model it serves ({'gpt-4o': Price(...)}), or "
         "one Price for every model (in config, under the model name '*'); a model without one "
-        "here takes the resource-wide model_prices. The same model may cost differently at "
+        "here takes the resource-wide prices. The same model may cost differently at "
         "different providers: answers are priced at the endpoint that gave them.", ())
     served_model_version: str | None = described(
         "protocol='mlflow': the version the server serves, declared instead of looked up "
@@ -120,7 +112,8 @@ class EndpointSpec:
         if not self.name:
             raise ValueError("An endpoint needs a non-empty name.")
         # Given as one Price or a mapping; kept as sorted pairs (frozen, hashable data).
-        object.__setattr__(self, "prices", endpoint_prices(self.prices, endpoint=self.name))
+        object.__setattr__(self, "prices", price_pairs(self.prices,
+                                                       where=f"Endpoint '{self.name}'"))
         unserved = [m for m, _ in self.prices if m != EVERY_MODEL and m not in self.served_models]
         if unserved:
             raise ValueError(f"Endpoint '{self.name}': prices name {unserved}, which it does "
@@ -214,11 +207,11 @@ class InferenceSettings:
     coordination_interval_s: float = described(
         "Seconds between a run's heartbeats in the ledger database, by which runs that share "
         "endpoints (coordinate_runs) see each other and split the limits.", 0.5)
-    model_prices: tuple[tuple[Any, ...], ...] = described(
-        "Resource-wide prices, for the endpoints whose own prices name the model not: "
-        "(model, USD per 1M prompt tokens, USD per 1M completion tokens), optionally followed "
-        "by the batch API's two prices.",
-        ())
+    prices: tuple[tuple[str, Price], ...] = described(
+        "Resource-wide prices, for the endpoints whose own prices (Endpoint.prices) name the "
+        "model not: a Price per model ({'llama-70b': Price(input_per_mtok=0.6, "
+        "output_per_mtok=0.6)}), or one Price for every model (in config, under the model "
+        "name '*'). Each model named must be one an endpoint serves.", ())
     default_model: str | None = described("The model used when a call names none.", None)
     batch_poll_initial_s: float = described(
         "First wait between polls of a batch's status (mode='batch_api', wait=True); it "
@@ -293,6 +286,14 @@ class InferenceSettings:
         # Folders given as paths or a list are kept as a tuple of text (settings are frozen).
         object.__setattr__(self, "files_roots", tuple(os.fsdecode(os.fspath(root))
                                                       for root in self.files_roots))
+        object.__setattr__(self, "prices", price_pairs(self.prices, where="Resource-wide"))
+        served = {m for e in self.endpoints for m in e.served_models}
+        unserved = [m for m, _ in self.prices if m != EVERY_MODEL and m not in served]
+        if unserved:
+            raise ValueError(
+                f"Resource-wide prices name {unserved}, which no endpoint serves (served: "
+                f"{sorted(served)}); name the model as its endpoint lists it, or drop the "
+                "price.")
 
     @property
     def models(self) -> frozenset[str]:
@@ -338,7 +339,7 @@ class InferenceSettings:
 
     @functools.cached_property
     def _resource_prices(self) -> dict[str, Price]:
-        return dict(legacy_price(entry) for entry in self.model_prices)
+        return dict(self.prices)
 
     @functools.cached_property
     def _endpoints_by_name(self) -> dict[str, EndpointSpec]:
@@ -356,8 +357,8 @@ class InferenceSettings:
         if model not in dearest:
             found = [price_on(e.prices, self._resource_prices, model)
                      for e in self.endpoints if model in e.served_models]
-            found = [p for p in found if p is not None] or (
-                [self._resource_prices[model]] if model in self._resource_prices else [])
+            found = [p for p in found if p is not None] or [
+                p for p in [price_on((), self._resource_prices, model)] if p is not None]
             dearest[model] = max(found, key=lambda p: p.upper_bound(1, 1), default=None)
         return dearest[model]
 

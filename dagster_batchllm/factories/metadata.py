@@ -92,10 +92,9 @@ def _by_model(tokens_by_model: Mapping[str, Mapping[str, int]], price_for: Price
 
 
 def _cost_note(unpriced: Sequence[str]) -> str:
-    return (f"No price for {', '.join(sorted(set(unpriced)))}: set prices=[ModelPrice(model=..., "
-            "usd_per_1m_prompt_tokens=..., usd_per_1m_completion_tokens=...)] on the resource, "
-            "or prices={model: Price(input_per_mtok=..., output_per_mtok=...)} on its "
-            "endpoints, to see the cost.")
+    return (f"No price for {', '.join(sorted(set(unpriced)))}: set prices={{model: Price("
+            "input_per_mtok=..., output_per_mtok=...)} on the resource (every endpoint) or on "
+            "an endpoint (Endpoint(prices=...)), to see the cost.")
 
 
 # -- the families -----------------------------------------------------------------------------

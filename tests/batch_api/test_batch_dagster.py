@@ -12,7 +12,7 @@ from dagster_batchllm import (
     BatchInferenceComponent,
     BatchInferenceResource,
     Endpoint,
-    ModelPrice,
+    Price,
     build_batch_collect_sensor,
     build_inference_asset,
     build_retry_partitions_sensor,
@@ -44,8 +44,7 @@ def resource_for(sim, store_url: str) -> BatchInferenceResource:
     return BatchInferenceResource(
         endpoints=[Endpoint(name="openai", base_url=sim.base_url, models=[MODEL],
                             api_key=sim.settings.api_key, batch_api=True)],
-        prices=[ModelPrice(model=MODEL, usd_per_1m_prompt_tokens=2.0,
-                           usd_per_1m_completion_tokens=8.0)],
+        prices={MODEL: Price(input_per_mtok=2.0, output_per_mtok=8.0)},
         store_url=store_url, batch_poll_initial_s=0.02, progress_interval_s=60.0)
 
 
@@ -152,8 +151,7 @@ def test_an_embedding_asset_goes_through_the_batch_api_at_the_batch_price(store_
         llm = BatchInferenceResource(
             endpoints=[Endpoint(name="openai", base_url=sim.base_url, embedding_models=["bge"],
                                 api_key=sim.settings.api_key, batch_api=True)],
-            prices=[ModelPrice(model="bge", usd_per_1m_prompt_tokens=0.1,
-                               usd_per_1m_completion_tokens=0.0)],
+            prices={"bge": Price(input_per_mtok=0.1, output_per_mtok=0.0)},
             store_url=store_url, batch_poll_initial_s=0.02, progress_interval_s=60.0)
         result = dg.materialize([calls, vectors], partition_key="d1", instance=instance,
                                 resources={"llm": llm})
@@ -166,7 +164,7 @@ def test_an_embedding_asset_goes_through_the_batch_api_at_the_batch_price(store_
         figures = {k: getattr(v, "value", v) for k, v in event.metadata.items()}
         assert figures["batchllm/run/mode"] == "batch_api"
         assert figures["batchllm/rows_succeeded"] == ROWS
-        # the batch price: half the online one (ModelPrice's default batch_discount)
+        # the batch price: half the online one (Price's default batch_discount)
         paid = figures["batchllm/run/cost_usd"]
         online = figures["batchllm/run/prompt_tokens"] * 0.1 / 1e6
         assert paid == pytest.approx(online / 2)

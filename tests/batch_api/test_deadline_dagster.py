@@ -19,7 +19,7 @@ from batch_helpers import MODEL, PROMPT, batch_stats, book_of, calibrated, frame
 from dagster_batchllm import (
     BatchInferenceResource,
     Endpoint,
-    ModelPrice,
+    Price,
     build_batch_collect_sensor,
     build_inference_asset,
 )
@@ -40,8 +40,7 @@ def resource_for(sim, store_url: str) -> BatchInferenceResource:
     return BatchInferenceResource(
         endpoints=[Endpoint(name="openai", base_url=sim.base_url, models=[MODEL],
                             api_key=sim.settings.api_key, batch_api=True)],
-        prices=[ModelPrice(model=MODEL, usd_per_1m_prompt_tokens=2.0,
-                           usd_per_1m_completion_tokens=2.0)],
+        prices={MODEL: Price(input_per_mtok=2.0, output_per_mtok=2.0)},
         store_url=store_url, batch_poll_initial_s=0.02, batch_poll_max_s=0.2,
         ledger_flush_interval_s=0.05, progress_interval_s=60.0)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dagster_batchllm import BatchInferenceResource, Endpoint, InferenceConfigError
+from dagster_batchllm import BatchInferenceResource, Endpoint, InferenceConfigError, Price
 from dagster_batchllm.core.client import InferenceClient
 from dagster_batchllm.core.delivery.transport import openai_http_library
 from dagster_batchllm.core.tasks.chat.call import InferenceCall
@@ -239,8 +239,7 @@ def _expected_prompt_tokens(df, template, max_tokens, settings):
 def test_estimate_sends_nothing_and_counts_ledger_hits_duplicates_invalid_and_cost(
     sim, make_client
 ):
-    prices = ((MODEL, 2.0, 6.0),)  # USD per 1M prompt / completion tokens
-    client = make_client(sim, model_prices=prices)
+    client = make_client(sim, prices={MODEL: Price(input_per_mtok=2.0, output_per_mtok=6.0)})
     template = "Summarize: {text}"
     answered = pd.DataFrame({"text": [f"row {i}" for i in range(10)]})
     client.infer(answered, prompt=template, model=MODEL, max_tokens=20)
@@ -280,7 +279,7 @@ def test_estimate_of_a_config_mistake_raises_like_infer(sim, make_client):
 
 
 def test_model_prices_turn_the_servers_usage_into_a_cost(sim, make_client):
-    client = make_client(sim, model_prices=((MODEL, 3.0, 15.0), ("other", 100.0, 100.0)))
+    client = make_client(sim, prices={MODEL: Price(input_per_mtok=3.0, output_per_mtok=15.0)})
     result = client.infer(shuffled_frame(25), prompt="Echo {text}", model=MODEL)
     server = sim.stats(log=False)
     expected = (server["prompt_tokens"] * 3.0 + server["completion_tokens"] * 15.0) / 1e6
@@ -293,8 +292,7 @@ def test_resource_infers_outside_dagster_and_exposes_client_and_ledger(sim, tmp_
         endpoints=[Endpoint(name="gpu-a", base_url=sim.base_url, models=[MODEL],
                             max_concurrency=8)],
         store_url=f"sqlite:///{tmp_path / 'resource.db'}",
-        prices=[{"model": MODEL, "usd_per_1m_prompt_tokens": 1.0,
-                 "usd_per_1m_completion_tokens": 1.0}],
+        prices={MODEL: {"input_per_mtok": 1.0, "output_per_mtok": 1.0}},
     )
     df = shuffled_frame(15)
     estimate = llm.estimate(df, prompt="Echo {text}", model=MODEL, output_column="summary")

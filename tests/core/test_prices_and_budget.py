@@ -35,7 +35,7 @@ def _settings(**endpoints) -> InferenceSettings:
     return InferenceSettings(endpoints=tuple(
         EndpointSpec(name=name, base_url="http://127.0.0.1:9/v1", models=(MODEL, "other"),
                      prices=prices) for name, prices in endpoints.items()),
-        model_prices=(("other", 1.0, 1.0),))
+        prices={"other": Price(1.0, 1.0, batch_discount=1.0)})
 
 
 def test_one_lookup_decides_a_models_price_on_an_endpoint():
@@ -44,7 +44,7 @@ def test_one_lookup_decides_a_models_price_on_an_endpoint():
     assert settings.price_at(MODEL, "a") == cheap
     assert settings.price_at(MODEL, "b") == dear  # one Price for every model of b
     assert settings.price_at("other", "b") == dear
-    # a names no price of "other": the resource-wide model_prices
+    # a names no price of "other": the resource-wide prices
     assert settings.price_at("other", "a") == Price(1.0, 1.0, batch_discount=1.0)
     # No endpoint named (an estimate, a bound): the dearest of those serving it.
     assert settings.price_at(MODEL) == dear
@@ -56,6 +56,35 @@ def test_an_endpoint_refuses_prices_of_models_it_does_not_serve():
     with pytest.raises(ValueError, match="does not serve"):
         EndpointSpec(name="a", base_url="http://127.0.0.1:9/v1", models=(MODEL,),
                      prices={"gpt-4o": Price(1.0, 1.0)})
+
+
+def test_resource_wide_prices_of_a_model_no_endpoint_serves_are_refused_naming_both():
+    """As an endpoint's own (above): a misspelt model would be left unpriced (cost None)."""
+    endpoint = EndpointSpec(name="a", base_url="http://127.0.0.1:9/v1", models=(MODEL,),
+                            embedding_models=("embedder",))
+    with pytest.raises(ValueError, match=r"Resource-wide prices name \['gpt-4o'\], which no "
+                       r"endpoint serves \(served: \['embedder', 'sim-model'\]\)"):
+        InferenceSettings(endpoints=(endpoint,), prices={"gpt-4o": Price(1.0, 1.0)})
+    settings = InferenceSettings(endpoints=(endpoint,), prices=Price(1.0, 1.0))  # every model
+    assert settings.price_at("embedder") == Price(1.0, 1.0)
+    with pytest.raises(ValueError, match=r"prices is a mapping model -> Price"):
+        InferenceSettings(endpoints=(endpoint,), prices=[(MODEL, 1.0, 1.0)])  # the old tuples
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"output_per_mtok": -0.5}, r"output_per_mtok is USD per million tokens, a number >= 0"),
+    ({"cached_input_per_mtok": float("inf")}, r"cached_input_per_mtok .*got inf"),
+    ({"batch_input_per_mtok": "0.1"}, r"batch_input_per_mtok .*got '0\.1'"),
+    ({"batch_discount": 1.5}, r"batch_discount is the share of the online price the batch API "
+                              r"charges, from 0 to 1 \(0\.5: half price; 1: the online price\); "
+                              r"got 1\.5"),
+    ({"batch_discount": -0.5}, r"batch_discount .*got -0\.5"),
+])
+def test_a_price_is_checked_when_built_saying_what_each_field_takes(fields, says):
+    with pytest.raises(ValueError, match=says):
+        Price(**{"input_per_mtok": 1.0, "output_per_mtok": 2.0, **fields})
+    assert Price(0.0, 0.0, batch_discount=0.0).cost(10, 10, batch=True) == 0.0  # bounds hold
+    assert Price(1.0, 1.0, batch_discount=1).per_mtok(batch=True) == (1.0, 1.0, 1.0)
 
 
 # -- cached tokens in the replies ---------------------------------------------------------------

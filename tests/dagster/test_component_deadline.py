@@ -37,8 +37,7 @@ def attributes_for(sim, tmp_path, **more) -> dict:
         "resource": {
             "endpoints": [{"name": "openai", "base_url": sim.base_url, "models": [MODEL],
                            "api_key": "sk-batch", "batch_api": True}],
-            "prices": [{"model": MODEL, "usd_per_1m_prompt_tokens": 2.0,
-                        "usd_per_1m_completion_tokens": 2.0}],
+            "prices": {MODEL: {"input_per_mtok": 2.0, "output_per_mtok": 2.0}},
             "store_url": f"sqlite:///{tmp_path / 'ledger.db'}", "batch_poll_initial_s": 0.02},
         **more}
 

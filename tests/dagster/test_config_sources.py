@@ -10,11 +10,12 @@ from typing import get_args
 import pytest
 from pydantic_core import PydanticUndefined
 
-from dagster_batchllm.core.settings import (
+from dagster_batchllm.core import (
     DESCRIPTION,
     EndpointSpec,
     InferenceSettings,
     MlflowModelSpec,
+    Price,
 )
 from dagster_batchllm.managed.start import MANAGED_KINDS, ManagedEndpointSpec
 from dagster_batchllm.resource import (
@@ -23,18 +24,19 @@ from dagster_batchllm.resource import (
     Endpoint,
     ManagedEndpoint,
     MlflowModel,
-    ModelPrice,
 )
+from dagster_batchllm.resource_config import PriceConfig
 
 # (config class, spec, config fields converted explicitly, spec fields built from them)
 PAIRS = [
     pytest.param(BatchInferenceResource, InferenceSettings,
-                 {"endpoints", "managed_endpoints", "prices", "mlflow_models"},
-                 {"endpoints", "model_prices", "mlflow_models"},
+                 {"endpoints", "managed_endpoints", "mlflow_models"},
+                 {"endpoints", "mlflow_models"},
                  id="resource-settings"),
     pytest.param(Endpoint, EndpointSpec, set(), set(), id="endpoint"),
     pytest.param(ManagedEndpoint, ManagedEndpointSpec, set(), set(), id="managed-endpoint"),
     pytest.param(MlflowModel, MlflowModelSpec, set(), set(), id="mlflow-model"),
+    pytest.param(PriceConfig, Price, set(), set(), id="price"),
 ]
 
 
@@ -79,7 +81,7 @@ def test_config_declares_exactly_the_spec_fields(config_class, spec, config_only
 
 
 def test_settings_exceptions_are_the_ones_to_settings_converts():
-    assert set(SETTINGS_BUILT_FROM) == {"endpoints", "model_prices", "mlflow_models"}
+    assert set(SETTINGS_BUILT_FROM) == {"endpoints", "prices", "mlflow_models"}
     assert {name for sources in SETTINGS_BUILT_FROM.values() for name in sources} == {
         "endpoints", "managed_endpoints", "prices", "mlflow_models"}
 
@@ -136,12 +138,12 @@ def test_to_settings_and_to_spec_copy_every_field(tmp_path):
 
     resource = BatchInferenceResource(
         endpoints=[endpoint], mlflow_models=[mlflow_model],
-        prices=[ModelPrice(model="m1", usd_per_1m_prompt_tokens=1.0,
-                           usd_per_1m_completion_tokens=2.0)],
+        prices={"m1": Price(input_per_mtok=1.0, output_per_mtok=2.0)},
         **changed,
     )
     settings = resource.to_settings()
     assert {name: getattr(settings, name) for name in changed} == changed
     assert settings.endpoints == (endpoint.to_spec(),)
-    assert settings.model_prices == (("m1", 1.0, 2.0, 0.5, 1.0),)  # batch: half, by default
+    assert settings.prices == (("m1", Price(1.0, 2.0)),)
+    assert settings.batch_price_for("m1") == (0.5, 1.0)  # half the online price, by default
     assert settings.mlflow_models == (mlflow_model.to_spec(),)

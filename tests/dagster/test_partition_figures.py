@@ -8,7 +8,7 @@ import dagster as dg
 import pytest
 
 from assets.pipeline import build_transcript_summaries, pipeline_assets
-from dagster_batchllm import Ledger, ModelPrice
+from dagster_batchllm import Ledger, Price
 from dagster_batchllm.factories.checks import CHECK_NAMES
 from resources.warehouse import WarehouseIOManager, WarehouseResource
 
@@ -21,9 +21,8 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture
 def resources(sim, make_llm_resource, tmp_path):
     warehouse = WarehouseResource(url=f"sqlite:///{tmp_path / 'warehouse.db'}")
-    llm = make_llm_resource(sim, default_model="sim-model", prices=[ModelPrice(
-        model="sim-model", usd_per_1m_prompt_tokens=PROMPT_PRICE,
-        usd_per_1m_completion_tokens=COMPLETION_PRICE)])
+    llm = make_llm_resource(sim, default_model="sim-model", prices={"sim-model": Price(
+        input_per_mtok=PROMPT_PRICE, output_per_mtok=COMPLETION_PRICE)})
     return {"llm": llm, "warehouse": warehouse,
             "io_manager": WarehouseIOManager(warehouse=warehouse)}
 
@@ -182,7 +181,8 @@ def test_an_unpriced_model_says_how_to_price_it(sim, make_llm_resource, tmp_path
                             partition_key=DAYS[1])
     metadata = _metadata(result, SUMMARIES)[DAYS[1]]
     assert "batchllm/run/cost_usd" not in metadata and "batchllm/answers/cost_usd" not in metadata
-    assert "No price for sim-model: set prices=[ModelPrice(" in metadata["batchllm/cost_note"]
+    assert ("No price for sim-model: set prices={model: Price(input_per_mtok=..., "
+            "output_per_mtok=...)} on the resource" in metadata["batchllm/cost_note"])
     assert metadata["batchllm/answers/prompt_tokens"] > 0
 
 

@@ -38,8 +38,8 @@ def check_planned_cost(settings: InferenceSettings, budget_usd: float, plan: Pla
     if unpriced:
         raise InferenceConfigError(
             f"budget_usd={budget_usd:g} needs a price for {unpriced}: set "
-            "Endpoint(prices=...) (or the resource's prices=[ModelPrice(...)]); nothing was "
-            "sent.")
+            "Endpoint(prices={model: Price(input_per_mtok=..., output_per_mtok=...)}) (or the "
+            "resource's prices={...}, the same mapping); nothing was sent.")
     cost = plan.cost_usd
     if cost is None:  # priced, but not at this delivery: the delivery refuses the call itself
         return 0.0
