@@ -242,7 +242,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
         if self._running or not self.managed_endpoints:
             return
         for managed in self.managed_endpoints:
-            self._running.append(start_managed(managed.to_spec()))
+            self._running.extend(start_managed(managed.to_spec()))
 
     @property
     def client(self) -> InferenceClient:
@@ -368,7 +368,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
 
     def asset_kinds(self) -> set[str]:
         """Dagster kinds that say which servers answer: ``openai`` for OpenAI's API,
-        ``llamacpp`` for a managed llama-server, ``batchllm`` for the embedded default and for
+        ``vllm`` for a managed vLLM, ``batchllm`` for the embedded default and for
         OpenAI-compatible servers whose software a URL does not reveal (vLLM, TGI, ...)."""
         kinds = set()
         for endpoint in self.endpoints:
@@ -376,7 +376,7 @@ class BatchInferenceResource(dg.ConfigurableResource):
             kinds.add("openai" if host == "openai.com" or host.endswith(".openai.com")
                       else "batchllm")
         for managed in self.managed_endpoints:
-            kinds.add("llamacpp" if managed.kind == "llama-server" else "batchllm")
+            kinds.add("vllm" if managed.kind == "vllm" else "batchllm")
         return kinds or {"batchllm"}
 
 

@@ -178,14 +178,21 @@ class ManagedEndpoint(dg.Config):
 
     Its fields are those of :class:`~dagster_batchllm.managed.start.ManagedEndpointSpec`."""
 
-    kind: Literal["classical", "llama-server"] = declared(ManagedEndpointSpec, "kind")
+    kind: Literal["classical", "vllm"] = declared(ManagedEndpointSpec, "kind")
     name: str = declared(ManagedEndpointSpec, "name")
-    max_concurrency: int = declared(ManagedEndpointSpec, "max_concurrency")
+    max_concurrency: int | None = declared(ManagedEndpointSpec, "max_concurrency")
     process: bool = declared(ManagedEndpointSpec, "process")
     model_path: str | None = declared(ManagedEndpointSpec, "model_path")
     model_name: str | None = declared(ManagedEndpointSpec, "model_name")
-    context_per_slot: int = declared(ManagedEndpointSpec, "context_per_slot")
-    threads: int | None = declared(ManagedEndpointSpec, "threads")
+    aliases: list[str] = declared(ManagedEndpointSpec, "aliases")
+    embedding: bool = declared(ManagedEndpointSpec, "embedding")
+    max_num_seqs: int = declared(ManagedEndpointSpec, "max_num_seqs")
+    max_model_len: int | None = declared(ManagedEndpointSpec, "max_model_len")
+    gpus: list[int] = declared(ManagedEndpointSpec, "gpus")
+    tensor_parallel_size: int = declared(ManagedEndpointSpec, "tensor_parallel_size")
+    cpu_kv_cache_gib: float = declared(ManagedEndpointSpec, "cpu_kv_cache_gib")
+    extra_args: list[str] = declared(ManagedEndpointSpec, "extra_args")
+    startup_timeout_s: float = declared(ManagedEndpointSpec, "startup_timeout_s")
 
     def to_spec(self) -> ManagedEndpointSpec:
         return ManagedEndpointSpec(**spec_values(self, ManagedEndpointSpec))

@@ -70,7 +70,7 @@ def test_the_resource_says_which_kinds_of_server_answer():
                                      models=["gpt-4o-mini"])]) == {"openai"}
     assert kinds(endpoints=[Endpoint(name="v", base_url="http://10.0.0.5:8000/v1",
                                      models=["llama"])]) == {"batchllm"}
-    assert kinds(managed_endpoints=[ManagedEndpoint(kind="llama-server")]) == {"llamacpp"}
+    assert kinds(managed_endpoints=[ManagedEndpoint(kind="vllm")]) == {"vllm"}
     assert kinds(managed_endpoints=[ManagedEndpoint()]) == {"batchllm"}
 
 

@@ -108,12 +108,12 @@ def test_to_settings_and_to_spec_copy_every_field(tmp_path):
     assert mlflow_model.to_spec() == MlflowModelSpec(
         name="risk", model_uri="models:/risk@champion", registry_uri="sqlite:///r.db",
         rows_per_batch=7)
-    managed = ManagedEndpoint(kind="llama-server", name="llm", max_concurrency=2, process=True,
-                              model_path="/m.gguf", model_name="g", context_per_slot=512,
-                              threads=3)
+    vllm = dict(kind="vllm", name="llm", max_concurrency=2, process=True, model_path="/m",
+                model_name="g", embedding=True, max_num_seqs=3, max_model_len=512,
+                tensor_parallel_size=2, cpu_kv_cache_gib=0.5, startup_timeout_s=9.0)
+    managed = ManagedEndpoint(aliases=["h"], gpus=[0, 1], extra_args=["--seed", "1"], **vllm)
     assert managed.to_spec() == ManagedEndpointSpec(
-        kind="llama-server", name="llm", max_concurrency=2, process=True,
-        model_path="/m.gguf", model_name="g", context_per_slot=512, threads=3)
+        aliases=("h",), gpus=(0, 1), extra_args=("--seed", "1"), **vllm)
 
     changed = dict(
         store_url=f"sqlite:///{tmp_path / 'l.db'}", ledger_table="other_table",
