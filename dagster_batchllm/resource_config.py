@@ -190,7 +190,7 @@ class ManagedEndpoint(dg.Config):
     max_model_len: int | None = declared(ManagedEndpointSpec, "max_model_len")
     gpus: list[int] = declared(ManagedEndpointSpec, "gpus")
     tensor_parallel_size: int = declared(ManagedEndpointSpec, "tensor_parallel_size")
-    cpu_kv_cache_gib: float = declared(ManagedEndpointSpec, "cpu_kv_cache_gib")
+    cpu_kv_cache_gib: int = declared(ManagedEndpointSpec, "cpu_kv_cache_gib")
     extra_args: list[str] = declared(ManagedEndpointSpec, "extra_args")
     startup_timeout_s: float = declared(ManagedEndpointSpec, "startup_timeout_s")
 

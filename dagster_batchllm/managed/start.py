@@ -68,9 +68,9 @@ class ManagedEndpointSpec:
         "of them, each its own pooled endpoint; empty: one server on what the environment "
         "shows.", ())
     tensor_parallel_size: int = described("vllm: GPUs per server (-tp).", 1)
-    cpu_kv_cache_gib: float = described(
+    cpu_kv_cache_gib: int = described(
         "vllm's CPU build: GiB of RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE; unset, vLLM "
-        "takes 0.92 of the machine's RAM).", 2.0)
+        "takes 0.92 of the machine's RAM).", 2)
     extra_args: tuple[str, ...] = described(
         "vllm: more command-line arguments, passed as they are.", ())
     startup_timeout_s: float = described(

@@ -7,8 +7,9 @@ machine; the CPU build's ``vllm`` command does not run, its distribution being n
 
     python -m vllm.entrypoints.openai.api_server --model <dir> --served-model-name <names...> \\
         --host 127.0.0.1 --port <free port> --max-num-seqs <n> --enable-prefix-caching \\
-        --enable-prompt-tokens-details [--max-model-len <n>] [-tp <n>] [--runner pooling] \\
-        <extra args>
+        --enable-prompt-tokens-details [--max-model-len <n>] [-tp <n>] <extra args>
+
+    (an embedding model: --runner pooling, without the two prefix-cache flags)
 
 Prefix caching and prompt-token details are on, so the server reports the prompt tokens its
 cache answered and the ledger prices them as cached. Each server runs in a process group of its
@@ -57,7 +58,7 @@ class VllmServer:
     # CUDA_VISIBLE_DEVICES of this server ("0", "2,3"); None: the environment's own.
     gpus: str | None = None
     pooling: bool = False  # an embedding model: --runner pooling, answers /v1/embeddings
-    cpu_kv_cache_gib: float = 2.0  # vLLM's CPU build takes 0.92 of the RAM without it
+    cpu_kv_cache_gib: int = 2  # vLLM's CPU build takes 0.92 of the RAM without it
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 900.0
     host: str = "127.0.0.1"
@@ -83,8 +84,9 @@ class VllmServer:
             "--served-model-name", *self.served_model_names,
             "--host", self.host, "--port", str(self.port),
             "--max-num-seqs", str(self.max_num_seqs),
-            "--enable-prefix-caching", "--enable-prompt-tokens-details",
         ]
+        if not self.pooling:  # an encoder has no KV cache to share: vLLM refuses the flag
+            command += ["--enable-prefix-caching", "--enable-prompt-tokens-details"]
         if self.max_model_len is not None:
             command += ["--max-model-len", str(self.max_model_len)]
         if self.tensor_parallel_size != 1:
@@ -97,7 +99,7 @@ class VllmServer:
         env = dict(os.environ)
         env["VLLM_NO_USAGE_STATS"] = "1"  # vLLM reports usage to its authors unless told not to
         env["DO_NOT_TRACK"] = "1"
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.cpu_kv_cache_gib:g}")
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cpu_kv_cache_gib)
         if Path(self.model_path).is_dir():
             env["HF_HUB_OFFLINE"] = "1"  # a directory on disk: nothing to fetch
         if self.gpus is not None:
@@ -175,10 +177,13 @@ class VllmServer:
             f"{what}; its log is {self.log_path}, ending:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 30) -> str:
+        """The log's last ``lines``, after its last few ERROR lines from before them (vLLM's
+        root cause is logged by its engine, and the API server's traceback comes after)."""
         if self.log_path is None or not self.log_path.exists():
             return ""
         text = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
+        errors = [line for line in text[:-lines] if " ERROR " in line][-5:]
+        return "\n".join([*errors, *(["..."] if errors else []), *text[-lines:]])
 
     @property
     def pid(self) -> int | None:

@@ -110,7 +110,7 @@ def test_to_settings_and_to_spec_copy_every_field(tmp_path):
         rows_per_batch=7)
     vllm = dict(kind="vllm", name="llm", max_concurrency=2, process=True, model_path="/m",
                 model_name="g", embedding=True, max_num_seqs=3, max_model_len=512,
-                tensor_parallel_size=2, cpu_kv_cache_gib=0.5, startup_timeout_s=9.0)
+                tensor_parallel_size=2, cpu_kv_cache_gib=3, startup_timeout_s=9.0)
     managed = ManagedEndpoint(aliases=["h"], gpus=[0, 1], extra_args=["--seed", "1"], **vllm)
     assert managed.to_spec() == ManagedEndpointSpec(
         aliases=("h",), gpus=(0, 1), extra_args=("--seed", "1"), **vllm)

@@ -65,6 +65,7 @@ def test_without_gpus_one_server_on_what_the_environment_shows(model_dir):
         server.environment()["CUDA_VISIBLE_DEVICES"] == os.environ["CUDA_VISIBLE_DEVICES"])
     command = server.command()
     assert command[command.index("--runner") + 1] == "pooling"
+    assert "--enable-prefix-caching" not in command  # an encoder has no KV cache to share
     assert command[command.index("--max-model-len") + 1] == "512"
     assert "--tensor-parallel-size" not in command
     assert spec.concurrency() == 3
