@@ -92,7 +92,9 @@ def _token_logprobs(logprobs: Any) -> list | None:
 
 def answer_confidence(reply: ScoredReply, answer: Any) -> float | None:
     """The probability the model gave ``answer`` (a bool or a label it replied), or None."""
-    if not reply.tokens or "".join(t for t, _ in reply.tokens) != reply.content:
+    # vLLM lists the stop token it sampled (Gemma's "<eos>") after the reply's own text: the
+    # tokens spell the reply and may go on past it, never differ from it.
+    if not reply.tokens or not "".join(t for t, _ in reply.tokens).startswith(reply.content):
         return None
     literal = json.dumps(answer, ensure_ascii=False)
     start = reply.content.rfind(literal)  # the value comes after its key

@@ -110,3 +110,18 @@ def test_mistakes_in_a_cascade_raise_before_anything_is_sent(labelled_sim, make_
         filter_rows(client, df, predicate=PREDICATE, columns=["body"], model=ORACLE,
                     cascade=CASCADE)
     assert labelled_sim.stats()["requests"] == 0
+
+
+def test_the_confidence_is_read_past_a_stop_token_the_server_lists():
+    """vLLM's logprobs end with the stop token it sampled (Gemma's ``<eos>``), which the reply's
+    text leaves out: the answer's probability is still read; tokens that spell another text
+    still give none."""
+    from dagster_batchllm.semantic.scored import ScoredReply, answer_confidence
+
+    content = '{"answer":false}'
+    tokens = [["{", -0.05], ['"', 0.0], ["answer", -0.9], ['":', -0.05], ["false", -0.7],
+              ["}", 0.0], ["<eos>", 0.0]]
+    confidence = answer_confidence(ScoredReply({"answer": False}, tokens, content), False)
+    assert confidence == pytest.approx(2.718281828 ** -0.7)
+    other = [["{", 0.0], ["x", 0.0]]
+    assert answer_confidence(ScoredReply({"answer": False}, other, content), False) is None
