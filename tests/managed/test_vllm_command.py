@@ -161,16 +161,18 @@ def test_the_guard_ends_the_group_when_its_starter_is_killed(model_dir, tmp_path
 
         server = Sleeper(model_path=Path({str(model_dir)!r}), served_model_names=("m",))
         server.launch()
-        print(server.pid, flush=True)
+        print(server.pid, server.log_path, flush=True)
         import time; time.sleep(600)
     """)
     process = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE,
                                text=True, cwd=Path(__file__).parents[2])
-    group = int(process.stdout.readline())
+    group, log = process.stdout.readline().split()
+    group = int(group)
     assert group_alive(group)
     process.send_signal(signal.SIGKILL)  # no teardown, no atexit
     process.wait()
     wait_until(lambda: not group_alive(group), 60, "the guard to end the orphaned group")
+    Path(log).unlink()  # its starter, killed, could not
 
 
 def test_the_resource_refuses_a_vllm_it_cannot_start_and_starts_nothing(tmp_path):
