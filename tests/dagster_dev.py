@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from dagster_batchllm.testing import wait_until
+
 BIN = Path(sys.executable).parent
 
 
@@ -81,6 +83,38 @@ class DagsterDev:
                 pass  # not listening yet
             assert time.monotonic() < deadline, self.tail()
             time.sleep(0.5)
+
+    def launch(self, job_name: str) -> str:
+        """Launch ``job_name`` of the location, as the UI's Launch button does; its run id."""
+        launched = self.query("""mutation($params: ExecutionParams!) {
+            launchRun(executionParams: $params) {
+              __typename ... on LaunchRunSuccess { run { runId } }
+              ... on PythonError { message } } }""", {"params": {"selector": {
+            "repositoryLocationName": self.location_name, "repositoryName": "__repository__",
+            "jobName": job_name}}})["launchRun"]
+        assert launched["__typename"] == "LaunchRunSuccess", launched
+        return launched["run"]["runId"]
+
+    def terminate(self, run_id: str) -> None:
+        result = self.query("""mutation($runId: String!) { terminateRun(runId: $runId) {
+            __typename ... on TerminateRunFailure { message } ... on PythonError { message } } }""",
+                            {"runId": run_id})["terminateRun"]
+        assert result["__typename"] == "TerminateRunSuccess", result
+
+    def status(self, run_id: str) -> str:
+        return self.query("""query($runId: ID!) { runOrError(runId: $runId) {
+            ... on Run { status } } }""", {"runId": run_id})["runOrError"]["status"]
+
+    def messages(self, run_id: str) -> list[str]:
+        data = self.query("""query($runId: ID!) { logsForRun(runId: $runId) {
+            ... on EventConnection { events { ... on MessageEvent { message } } } } }""",
+                          {"runId": run_id})
+        return [e.get("message") or "" for e in data["logsForRun"]["events"]]
+
+    def wait_for_status(self, run_id: str, statuses: set[str], timeout_s: float) -> str:
+        wait_until(lambda: self.status(run_id) in statuses, timeout_s,
+                   f"run {run_id} to reach {statuses}\n{self.tail()}")
+        return self.status(run_id)
 
     def stop(self) -> None:
         if self.process.poll() is None:

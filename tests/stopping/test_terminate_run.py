@@ -55,44 +55,13 @@ class DagsterDev(dagster_dev.DagsterDev):
                          location_code=LOCATION_CODE.format(rows=ROWS, concurrency=CONCURRENCY),
                          env={"SIM_URL": sim_url, "LEDGER_URL": self.ledger_url})
 
-    def launch(self) -> str:
-        launched = self.query("""mutation($params: ExecutionParams!) {
-            launchRun(executionParams: $params) {
-              __typename ... on LaunchRunSuccess { run { runId } }
-              ... on PythonError { message } } }""", {"params": {"selector": {
-            "repositoryLocationName": LOCATION, "repositoryName": "__repository__",
-            "jobName": "replies_job"}}})["launchRun"]
-        assert launched["__typename"] == "LaunchRunSuccess", launched
-        return launched["run"]["runId"]
-
-    def terminate(self, run_id: str) -> None:
-        result = self.query("""mutation($runId: String!) { terminateRun(runId: $runId) {
-            __typename ... on TerminateRunFailure { message } ... on PythonError { message } } }""",
-                            {"runId": run_id})["terminateRun"]
-        assert result["__typename"] == "TerminateRunSuccess", result
-
-    def status(self, run_id: str) -> str:
-        return self.query("""query($runId: ID!) { runOrError(runId: $runId) {
-            ... on Run { status } } }""", {"runId": run_id})["runOrError"]["status"]
-
-    def messages(self, run_id: str) -> list[str]:
-        data = self.query("""query($runId: ID!) { logsForRun(runId: $runId) {
-            ... on EventConnection { events { ... on MessageEvent { message } } } } }""",
-                          {"runId": run_id})
-        return [e.get("message") or "" for e in data["logsForRun"]["events"]]
-
-    def wait_for_status(self, run_id: str, statuses: set[str], timeout_s: float) -> str:
-        wait_until(lambda: self.status(run_id) in statuses, timeout_s,
-                   f"run {run_id} to reach {statuses}\n{self.tail()}")
-        return self.status(run_id)
-
 
 def test_terminate_run_through_dagster_dev_cancels_within_10_s_and_loses_no_answer(tmp_path):
     with SimulatedEndpoint(latency_s=1.0, process=True) as sim:
         dev = DagsterDev(tmp_path, sim.base_url)
         try:
             dev.wait_until_loaded()
-            run_id = dev.launch()
+            run_id = dev.launch("replies_job")
             # Terminated with requests in flight: those are the ones a rerun may pay again.
             wait_until(lambda: sim.stats(log=False)["ok"] >= 12
                        and sim.stats(log=False)["in_flight"] > 0, 120,
@@ -116,7 +85,7 @@ def test_terminate_run_through_dagster_dev_cancels_within_10_s_and_loses_no_answ
             assert answered - kept <= CONCURRENCY, (answered, kept)
             assert kept < ROWS  # the run really was stopped mid-inference
 
-            rerun = dev.launch()
+            rerun = dev.launch("replies_job")
             assert dev.wait_for_status(rerun, {"SUCCESS", "FAILURE", "CANCELED"}, 180) == \
                 "SUCCESS", dev.tail()
             stats = sim.stats(log=False)

@@ -12,7 +12,6 @@ import pytest
 from dagster_batchllm import Ledger
 from dagster_batchllm.testing import wait_until
 from tests import dagster_dev
-from tests.stopping.test_terminate_run import DagsterDev as TerminableDev
 
 from .conftest import CPU_ARGS, PROXY
 
@@ -46,22 +45,11 @@ LOCATION_CODE = textwrap.dedent(f'''
 ''')
 
 
-class DagsterDev(TerminableDev):
+class DagsterDev(dagster_dev.DagsterDev):
     def __init__(self, root: Path):
         self.ledger_url = f"sqlite:///{root / 'ledger.db'}"
-        dagster_dev.DagsterDev.__init__(
-            self, root, location_name=LOCATION, location_code=LOCATION_CODE,
-            env={"LEDGER_URL": self.ledger_url})
-
-    def launch(self) -> str:
-        launched = self.query("""mutation($params: ExecutionParams!) {
-            launchRun(executionParams: $params) {
-              __typename ... on LaunchRunSuccess { run { runId } }
-              ... on PythonError { message } } }""", {"params": {"selector": {
-            "repositoryLocationName": LOCATION, "repositoryName": "__repository__",
-            "jobName": "replies_job"}}})["launchRun"]
-        assert launched["__typename"] == "LaunchRunSuccess", launched
-        return launched["run"]["runId"]
+        super().__init__(root, location_name=LOCATION, location_code=LOCATION_CODE,
+                         env={"LEDGER_URL": self.ledger_url})
 
 
 def vllm_guards() -> set[int]:
@@ -84,7 +72,7 @@ def test_terminating_a_run_stops_its_managed_vllm(tmp_path):
     dev = DagsterDev(tmp_path)
     try:
         dev.wait_until_loaded()
-        run_id = dev.launch()
+        run_id = dev.launch("replies_job")
         ledger = Ledger(dev.ledger_url)
 
         def answered() -> int:
