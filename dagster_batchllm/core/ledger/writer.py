@@ -239,6 +239,11 @@ class LedgerWriter:
                 f"pauses and the write is retried for up to {self.outage_s:g} s: "
                 f"{type(exc).__name__}: {str(exc)[:300]}")
 
+    def gave_up(self) -> Exception | None:
+        """Why the writer gave up on the database (``error``), if it has: what else writes
+        there (the run's claims) stops then too."""
+        return self.error
+
     def stop(self) -> None:
         self._stopping = True
         self._flush_now.set()

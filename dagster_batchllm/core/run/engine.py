@@ -151,7 +151,7 @@ class InferenceRun:
                 self.outcomes.records_end_claims = True
                 self._writer.in_write = coordination.release_in
                 coordination.before_takeover = self._writer.fold_abandoned
-                coordination.writer_gave_up = lambda: self._writer.error
+                coordination.writer_gave_up = self._writer.gave_up
         except BaseException:
             self._writer.close_journals(remove=True)  # nothing was sent
             raise
