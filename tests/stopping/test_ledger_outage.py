@@ -83,9 +83,15 @@ class _Run:
         return self.outcome
 
 
+def _why(outcome: dict) -> str:
+    """The run's error with its traceback (and notes), or what it returned."""
+    if "error" not in outcome:
+        return repr(outcome)
+    return "".join(traceback.format_exception(outcome["error"]))[-4000:]
+
+
 def _assert_every_row_once(outcome: dict, df: pd.DataFrame, sim: SimulatedEndpoint) -> None:
-    assert "error" not in outcome, "".join(
-        traceback.format_exception(outcome["error"]))[-4000:]
+    assert "error" not in outcome, _why(outcome)
     result = outcome["result"]
     assert result.stats.succeeded == ROWS and result.stats.failed == 0
     assert result.df["o"].tolist() == [f"[sim] {t}" for t in df["t"]]
@@ -168,7 +174,7 @@ def test_with_default_settings_a_lost_database_fails_the_run_past_2_minutes(thro
         cut_at = time.monotonic()
         outcome = run.join(200)
         took = time.monotonic() - cut_at
-        assert isinstance(outcome.get("error"), LedgerUnwritable), outcome
+        assert isinstance(outcome.get("error"), LedgerUnwritable), _why(outcome)
         # the bound, plus at most one statement's deadline of the write that was under way
         assert 120 <= took < 120 + settings.ledger_statement_timeout_s + 10, f"{took:.0f} s"
 
