@@ -147,6 +147,7 @@ class Endpoint(dg.Config):
     protocol: Literal["openai", "mlflow"] = declared(EndpointSpec, "protocol")
     served_model_uri: str | None = declared(EndpointSpec, "served_model_uri")
     served_model_version: str | None = declared(EndpointSpec, "served_model_version")
+    tokenize_route: bool = declared(EndpointSpec, "tokenize_route")
     prices: dict[str, PriceConfig] = declared_prices(EndpointSpec)
 
     @field_validator("prices", mode="before")

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
@@ -22,17 +22,18 @@ import pandas as pd
 from .batch.mode import BatchModeCall, check_delivery, check_mode
 from .delivery.online import OnlineDelivery
 from .delivery.pool import EndpointPool
+from .delivery.tokenize import server_token_counts
 from .delivery.transport import make_transport
 from .errors import InferenceConfigError
 from .ledger.table import Ledger
-from .requests import distinct_requests
+from .requests import RowRequest, distinct_requests
 from .results import InferenceEstimate, InferenceResult
 from .run.budgets import check_planned_cost
 from .run.engine import InferenceRun
 from .run.figures import estimate_cost
 from .run.plan import BATCH_API, ONLINE, DryCount, Plan, make_plan
 from .run.sync import run_sync
-from .settings import InferenceSettings
+from .settings import EndpointSpec, InferenceSettings
 from .tasks.base import CallBase, Task, task_type_for
 from .tasks.chat.call import InferenceCall
 from .tasks.chat.rendering import row_tuples
@@ -283,7 +284,8 @@ class InferenceClient:
         check_mode(mode, wait)
         call, counted = self._dry_run(df, call, task, call_fields)
         return make_plan(self.settings, self.ledger, counted, scope=call.scope,
-                         delivery=BATCH_API if mode == "batch_api" else ONLINE)
+                         delivery=BATCH_API if mode == "batch_api" else ONLINE,
+                         counter=self._server_token_counts)
 
     # -- the parts of a call ---------------------------------------------------------------------
     def _dry_run(self, df: Any, call: CallBase | None, task: str,
@@ -325,9 +327,17 @@ class InferenceClient:
         the ledger holds cost nothing. Returns the plan's ``budget_needed_usd``."""
         counted = self._count(call, task, frame, usable=None)
         plan = make_plan(self.settings, self.ledger, counted, scope=call.scope,
-                         delivery=BATCH_API if batch else ONLINE)
+                         delivery=BATCH_API if batch else ONLINE,
+                         counter=self._server_token_counts)
         check_planned_cost(self.settings, call.budget_usd, plan)
         return plan.budget_needed_usd
+
+    def _server_token_counts(self, endpoint: EndpointSpec, requests: Sequence[RowRequest]
+                             ) -> list[int]:
+        """The plans' counter: ``endpoint``'s ``/tokenize`` counts (the same figures for the
+        plan a user reads and the budget check, so a budget of the plan's figure passes)."""
+        return run_sync(server_token_counts(endpoint, requests,
+                                            timeout_s=self.settings.request_timeout_s))
 
     def _bind(self, df: Any, call: CallBase) -> tuple[CallBase, Any]:
         """The call bound to ``df`` and the settings, and the columns of ``df`` it reads."""

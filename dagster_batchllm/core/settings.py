@@ -98,6 +98,10 @@ class EndpointSpec:
         "under the same name scores afresh and the same version is answered from the ledger. "
         "None (and no served_model_version): the keys cover the served model's name only.",
         None)
+    tokenize_route: bool = described(
+        "The server counts a request's prompt tokens at POST /tokenize beside /v1, as vLLM "
+        "does (a managed vLLM sets this): plan() then asks it for the exact prompt tokens of "
+        "up to 256 requests per model instead of estimating them.", False)
     prices: tuple[tuple[str, Price], ...] = described(
         "What this endpoint charges: a Price per model it serves ({'gpt-4o': Price(...)}), or "
         "one Price for every model (in config, under the model name '*'); a model without one "

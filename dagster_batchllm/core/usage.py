@@ -85,7 +85,7 @@ def _corrected(prompt: Any, completion: Any, cached: Any) -> ReportedUsage:
         wrong = any(figure == TOKEN_CEILING for figure in figures)
     note = None
     if wrong:
-        note = ", ".join(f"{name}={_said(value)}" for name, value in zip(
+        note = ", ".join(f"{name}={figure_in_words(value)}" for name, value in zip(
             _FIELDS, (prompt, completion, cached), strict=True)
             if value is not None)[:_NOTE_CHARS]
     return ReportedUsage(*figures, True, note)
@@ -103,7 +103,7 @@ def token_figure(value: Any, *, default: int = TOKEN_CEILING) -> int:
     return default
 
 
-def _said(value: Any) -> str:
+def figure_in_words(value: Any) -> str:
     """What a server reported as a figure, in words: a number as it is (at most 40
     characters), anything else by its kind only (a server's text is not kept)."""
     if type(value) in (int, float):

@@ -204,5 +204,5 @@ def _start_vllm(managed: ManagedEndpointSpec) -> list[RunningEndpoint]:
     models, embedding_models = managed.served_models()
     return [RunningEndpoint(EndpointSpec(
         name=name, base_url=server.base_url, models=models, embedding_models=embedding_models,
-        max_concurrency=managed.concurrency(),
+        max_concurrency=managed.concurrency(), tokenize_route=True,
         max_context_tokens=server.served_max_model_len), server) for name, server in servers]

@@ -58,6 +58,56 @@ class Generation:
                          "completion_tokens": completion_tokens}
 
 
+@dataclass
+class Prompt:
+    """A request's prompt as the server reads it: the messages the responder sees (a
+    completions prompt is one user message), its images, its token count (the usage's
+    ``prompt_tokens``, and ``/tokenize``'s ``count``) and its parts laid out for the prefix
+    cache."""
+
+    messages: list[dict]
+    images: list[ImagePart]
+    tokens: int
+    laid_out: list[tuple[str, str]]
+
+
+def read_prompt(body: dict, chat: bool, max_image_bytes: int) -> Prompt:
+    """The prompt of a chat (``messages``) or completions (``prompt``) body, validated."""
+    if chat:
+        raw = body.get("messages")
+        if not isinstance(raw, list) or not raw or not all(isinstance(m, dict) for m in raw):
+            raise Reject(400, "'messages' must be a non-empty list of objects")
+        messages, images, count, laid_out = [], [], 0, []
+        for message in raw:
+            role = message.get("role", "user")
+            content = parse_content(message.get("content"), role, max_image_bytes)
+            messages.append({"role": role, "content": content.text})
+            images.extend(content.images)
+            count += tokens(content.token_text) + 4 + IMAGE_TOKENS * len(content.images)
+            laid_out.append((role, content.token_text
+                             + "".join(f"<image:{i.sha256}>" for i in content.images)))
+        return Prompt(messages, images, count, laid_out)
+    text = body.get("prompt", "")
+    text = "\n".join(map(str, text)) if isinstance(text, list) else str(text)
+    return Prompt([{"role": "user", "content": text}], [], tokens(text), [("prompt", text)])
+
+
+def tokenize_reply(serving: Serving, body: object) -> dict:
+    """vLLM's ``POST /tokenize`` answered by count: ``{"model", "messages"}`` (a chat prompt,
+    as ``/v1/chat/completions`` would count it) or ``{"model", "prompt"}``; the reply's
+    ``count`` is the ``prompt_tokens`` the same request's usage reports. (vLLM's reply also
+    lists the token ids; this server's tokenizer is a count, so it lists none.)"""
+    if not isinstance(body, dict):
+        raise Reject(400, "request body must be a JSON object")
+    serving.check_model(body.get("model"), embeddings=False)
+    config = serving.state.config
+    prompt = read_prompt(body, "messages" in body, config["max_image_bytes"])
+    # As its replies' usage would say it (a simulator told to misreport does so here too).
+    count = serving.state.reported_usage({"prompt_tokens": prompt.tokens})["prompt_tokens"]
+    return {"count": count, "max_model_len": config["max_context_tokens"] or None,
+            "tokens": []}
+
+
 def prepare_generation(serving: Serving, body: object, chat: bool) -> Generation:
     """Validate a request and build its reply text (cut to max_tokens unless structured)."""
     if not isinstance(body, dict):
@@ -66,28 +116,9 @@ def prepare_generation(serving: Serving, body: object, chat: bool) -> Generation
     if body.get("stream"):
         raise Reject(400, "streaming is not supported by this server")
     config = serving.state.config
-    images: list[ImagePart] = []
-    if chat:
-        raw = body.get("messages")
-        if not isinstance(raw, list) or not raw or not all(isinstance(m, dict) for m in raw):
-            raise Reject(400, "'messages' must be a non-empty list of objects")
-        messages, prompt_tokens, laid_out = [], 0, []
-        for message in raw:
-            role = message.get("role", "user")
-            content = parse_content(message.get("content"), role, config["max_image_bytes"])
-            messages.append({"role": role, "content": content.text})
-            images.extend(content.images)
-            prompt_tokens += tokens(content.token_text) + 4 + IMAGE_TOKENS * len(content.images)
-            laid_out.append((role, content.token_text
-                             + "".join(f"<image:{i.sha256}>" for i in content.images)))
-        params = {k: v for k, v in body.items() if k not in ("model", "messages")}
-    else:
-        prompt = body.get("prompt", "")
-        prompt = "\n".join(map(str, prompt)) if isinstance(prompt, list) else str(prompt)
-        messages = [{"role": "user", "content": prompt}]
-        prompt_tokens = tokens(prompt)
-        laid_out = [("prompt", prompt)]
-        params = {k: v for k, v in body.items() if k not in ("model", "prompt")}
+    prompt = read_prompt(body, chat, config["max_image_bytes"])
+    messages, images, prompt_tokens = prompt.messages, prompt.images, prompt.tokens
+    params = {k: v for k, v in body.items() if k not in ("model", "messages", "prompt")}
     requested = body.get("max_completion_tokens")
     if requested is None:
         requested = body.get("max_tokens")
@@ -115,7 +146,7 @@ def prepare_generation(serving: Serving, body: object, chat: bool) -> Generation
         text, finish = text[: max(requested, 0) * 4], "length"
     n = body.get("n") or 1
     n = n if isinstance(n, int) and n > 0 else 1
-    cached, prefill_s = serving.state.prefill(laid_out, prompt_tokens)
+    cached, prefill_s = serving.state.prefill(prompt.laid_out, prompt_tokens)
     scorer = getattr(serving.responder, "logprobs", None)
     logprobs = (scorer(model, messages, params, text)
                 if chat and body.get("logprobs") is True and callable(scorer) else None)

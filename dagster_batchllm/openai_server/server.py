@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .chat import prepare_generation
+from .chat import prepare_generation, tokenize_reply
 from .embeddings import prepare_embeddings
 from .images import ImageReject
 from .protocol import Job, Reject, Serving, error_response, responder_failure
@@ -77,6 +77,8 @@ class OpenAIApp:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_get("/v1/models", self.list_models)
+        # vLLM's token counter, at the server's root as vLLM serves it (not below /v1)
+        app.router.add_post("/tokenize", self.tokenize)
         app.router.add_route("*", self.ADMIN_PREFIX + "/{command}", self.admin)
 
     def authorized(self, request: web.Request) -> bool:
@@ -93,6 +95,20 @@ class OpenAIApp:
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
         return await self._model_request(
             request, self.state.embeddings, lambda body: prepare_embeddings(self.serving, body))
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """A prompt's token count, as vLLM's ``/tokenize`` gives it: no model runs, nothing
+        is counted as a request in the stats."""
+        if not self.authorized(request):
+            return self.error(None, None, Reject(401, "Incorrect API key provided.",
+                                                 "invalid_api_key"))
+        try:
+            return web.json_response(tokenize_reply(self.serving, json.loads(
+                await request.read())))
+        except ValueError:
+            return self.error(None, None, Reject(400, "request body is not valid JSON"))
+        except Reject as exc:
+            return self.error(None, None, exc)
 
     async def list_models(self, request: web.Request) -> web.Response:
         if not self.authorized(request):

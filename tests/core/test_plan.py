@@ -178,3 +178,102 @@ def test_online_the_plan_prices_at_the_cheapest_endpoint_serving_the_model(tmp_p
         plan = client.plan(_rows(0, 10), **CALL)
     assert plan.cost_usd == pytest.approx(cheap.cost(plan.input_tokens,
                                                      plan.expected_output_tokens))
+
+
+# -- prompt tokens the server counts (tokenize_route: vLLM's /tokenize) -----------------------
+
+def _counting(settings, **changes):
+    return _priced(settings, tokenize_route=True, **changes)
+
+
+def test_an_endpoint_that_counts_tokens_gives_the_plan_the_prompt_tokens_it_will_bill(
+        sim, make_settings):
+    with InferenceClient(_counting(make_settings(sim))) as client:
+        plan = client.plan(_rows(0, 40), **CALL, partition_key="a")
+        assert sim.stats(log=False)["requests"] == 0  # counting runs no model
+        assert plan.by_model[MODEL]["server_counted"] == 40
+        assert plan.basis.startswith(
+            f"{MODEL}: prompt tokens counted by ep0's /tokenize, all 40 requests (calibrated: ")
+        assert plan.by_model[MODEL]["calibrated_input_tokens"] > 0
+        paid = client.infer(_rows(0, 40), **CALL, partition_key="a").stats
+    assert plan.input_tokens == paid.prompt_tokens  # exact, before any run calibrated it
+
+
+def test_the_plan_takes_the_servers_count_over_its_own_estimate(sim, make_settings):
+    sim.configure(reported_usage={"prompt_tokens": 7})  # a tokenizer far from 4 characters
+    with InferenceClient(_counting(make_settings(sim))) as client:
+        plan = client.plan(_rows(0, 30), **CALL)
+    assert plan.input_tokens == 30 * 7
+    assert plan.by_model[MODEL]["calibrated_input_tokens"] > 30 * 7 * 3
+    assert plan.cost_usd == pytest.approx(PRICE.cost(30 * 7, plan.expected_output_tokens))
+
+
+def test_past_256_requests_an_even_spread_is_counted_and_the_rest_scaled_by_it(
+        sim, make_settings):
+    with InferenceClient(_counting(make_settings(sim))) as client:
+        plan = client.plan(_rows(0, 600), **CALL, partition_key="a")
+        paid = client.infer(_rows(0, 600), **CALL, partition_key="a").stats
+    assert plan.by_model[MODEL]["server_counted"] == 200  # every 3rd of 600
+    assert "for 200 of 600 requests" in plan.basis
+    assert plan.input_tokens == pytest.approx(paid.prompt_tokens, rel=0.02)
+
+
+@pytest.mark.parametrize("said", [-1, 2**40, "12", 1.5])
+def test_a_count_that_is_no_count_keeps_the_calibrated_figure_and_says_why(
+        sim, make_settings, said):
+    sim.configure(reported_usage={"prompt_tokens": said})
+    with InferenceClient(_counting(make_settings(sim))) as client:
+        plan = client.plan(_rows(0, 10), **CALL)
+        estimate = client.estimate(_rows(0, 10), **CALL).estimated_prompt_tokens
+    assert plan.input_tokens == estimate and plan.by_model[MODEL]["server_counted"] == 0
+    assert "prompt tokens not counted by ep0's /tokenize" in plan.basis
+    assert "not a count the plan can use" in plan.basis
+
+
+def test_a_server_without_the_route_keeps_the_calibrated_figure(sim, make_settings):
+    settings = _counting(make_settings(sim))
+    elsewhere = sim.base_url.replace("/v1", "/elsewhere/v1")  # /elsewhere/tokenize: 404
+    settings = settings.replace(endpoints=tuple(
+        dataclasses.replace(e, base_url=elsewhere) for e in settings.endpoints))
+    with InferenceClient(settings) as client:
+        plan = client.plan(_rows(0, 10), **CALL)
+    assert "not counted by ep0's /tokenize" in plan.basis and "answered 404" in plan.basis
+
+
+def test_a_key_the_server_echoes_in_its_refusal_is_kept_out_of_the_plan(tmp_path):
+    from dagster_batchllm.core.settings import EndpointSpec, InferenceSettings
+    from dagster_batchllm.testing import SimulatedEndpoint
+
+    key = "sk-plan-0123456789abcdef0123"
+    with SimulatedEndpoint(models=(MODEL,), api_key=key) as sim:
+        sim.configure(echo_credentials=True)
+        settings = InferenceSettings(endpoints=(EndpointSpec(
+            name="ep0", base_url=sim.base_url, models=("unserved-model",), api_key=key,
+            tokenize_route=True),), store_url=f"sqlite:///{tmp_path / 'ledger.db'}")
+        with InferenceClient(settings) as client:
+            plan = client.plan(_rows(0, 3), **{**CALL, "model": "unserved-model"})
+    assert "answered 404" in plan.basis and "request headers" in plan.basis
+    assert key not in plan.summary() and key[8:20] not in plan.summary()
+
+
+def test_the_budget_check_counts_as_the_plan_does(sim, make_settings):
+    sim.configure(reported_usage={"prompt_tokens": 7})
+    with InferenceClient(_counting(make_settings(sim))) as client:
+        plan = client.plan(_rows(0, 100), **CALL)
+        # a check by the calibrated figure (4 characters a token) would refuse this budget
+        calibrated = plan.by_model[MODEL]["calibrated_input_tokens"]
+        assert PRICE.cost(calibrated, plan.expected_output_tokens) > plan.budget_needed_usd
+        result = client.infer(_rows(0, 100), **CALL, budget_usd=plan.budget_needed_usd)
+    assert result.stats.succeeded == 100
+
+
+@pytest.mark.parametrize("base_url, url", [
+    ("http://10.0.0.5:8000/v1", "http://10.0.0.5:8000/tokenize"),
+    ("http://10.0.0.5:8000/v1/", "http://10.0.0.5:8000/tokenize"),
+    ("https://gpu.example/serving/v1", "https://gpu.example/serving/tokenize"),
+    ("http://10.0.0.5:8000", "http://10.0.0.5:8000/tokenize"),
+])
+def test_the_route_is_at_the_servers_root_beside_v1_as_vllm_serves_it(base_url, url):
+    from dagster_batchllm.core.delivery.tokenize import tokenize_url
+
+    assert tokenize_url(base_url) == url

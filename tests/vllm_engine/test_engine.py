@@ -131,9 +131,12 @@ def _exact_prompt_tokens(endpoint, messages: list[dict]) -> int:
     return reply["count"]
 
 
-def test_the_calibrated_plan_against_vllms_exact_token_counts(vllm_settings, vllm_endpoint):
-    """plan() has no tokenizer route yet: its forecast, calibrated by the ledger's past records
-    of the scope, is measured here against the server's exact count of the same requests."""
+def test_the_plan_counts_prompts_at_vllms_tokenize_beside_its_calibrated_estimate(
+        vllm_settings, vllm_endpoint):
+    """A managed vLLM offers /tokenize (tokenize_route): plan() has it count the prompts with
+    Gemma's own tokenizer and chat template, and keeps its calibrated figure beside; both
+    are measured against the server's count of the same requests, asked here directly."""
+    assert vllm_endpoint.tokenize_route
     system = "Classify the customer's message."
     seen, new = _rows(24), _rows(48).iloc[24:]
     with InferenceClient(vllm_settings()) as client:
@@ -141,14 +144,19 @@ def test_the_calibrated_plan_against_vllms_exact_token_counts(vllm_settings, vll
                      max_tokens=4, temperature=0.0, scope="triage")
         plan = client.plan(new, system=system, prompt="{text}", model=PROXY,
                            output_column="c", max_tokens=4, temperature=0.0, scope="triage")
+        paid = client.infer(new, system=system, prompt="{text}", model=PROXY,
+                            output_column="c", max_tokens=4, temperature=0.0,
+                            scope="triage").stats
     exact = sum(_exact_prompt_tokens(vllm_endpoint, [
         {"role": "system", "content": system}, {"role": "user", "content": text}])
         for text in new["text"])
     forecast = plan.by_model[PROXY]
-    assert forecast["calibrated"], forecast["basis"]
-    print(f"plan: {plan.input_tokens} prompt tokens forecast, {exact} by vLLM's tokenizer "
-          f"({forecast['basis']})")
-    assert plan.input_tokens == pytest.approx(exact, rel=0.15)
+    assert forecast["calibrated"] and forecast["server_counted"] == len(new), forecast["basis"]
+    print(f"plan: {plan.input_tokens} prompt tokens counted by vLLM's /tokenize, "
+          f"{forecast['calibrated_input_tokens']} calibrated, {exact} asked directly, "
+          f"{paid.prompt_tokens} billed ({forecast['basis']})")
+    assert plan.input_tokens == exact == paid.prompt_tokens
+    assert forecast["calibrated_input_tokens"] == pytest.approx(exact, rel=0.15)
 
 
 STOPPED_CHILD = textwrap.dedent("""

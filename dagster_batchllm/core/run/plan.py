@@ -11,7 +11,13 @@ forecasts, per model, what the rows left to send will use and cost:
   record keeps both: ``prompt_tokens`` and ``estimated_prompt_tokens``). An asset's scope stands
   for its prompt template; a call without a scope is calibrated by the model's records of
   every scope, and its basis says so. (No tokenizer library is used: tiktoken, the one for
-  OpenAI's models, fetches its encoding files over the network at first use.)
+  OpenAI's models, fetches its encoding files over the network at first use.) Where an
+  endpoint serving the model counts tokens itself (``tokenize_route``: vLLM's ``/tokenize``),
+  the server counts the prompts of up to :data:`SERVER_COUNTED_AT_MOST` of the requests (all of
+  them when there are no more, else that many spread evenly over them); the forecast is then
+  their exact count, scaled to the rest by their ratio to the estimate, and the calibrated
+  figure stays beside it (``calibrated_input_tokens``). A count the server cannot give or
+  that is no count keeps the calibrated figure, and the basis says why.
 - **Output tokens.** The mean completion tokens of those records, at most each request's
   ``max_tokens``.
 - **Cached share.** The share of those records' prompt tokens the servers' prefix caches
@@ -38,20 +44,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from ..delivery.limits import cost_bound
+from ..delivery.tokenize import TokenCountUnavailable
 from ..ledger.table import OK
 
 if TYPE_CHECKING:
     from ..ledger.table import Ledger
     from ..pricing import Price
     from ..requests import RowRequest
-    from ..settings import InferenceSettings
+    from ..settings import EndpointSpec, InferenceSettings
+
+#: How a plan asks a server for prompt counts: ``(endpoint, requests) -> counts`` in order,
+#: or :class:`~..delivery.tokenize.TokenCountUnavailable`.
+ServerCounter = Callable[["EndpointSpec", Sequence["RowRequest"]], list[int]]
 
 #: Fewer past records than this of a (scope, model), and the plan takes the bound.
 MIN_CALIBRATION_RECORDS = 20
@@ -59,6 +70,9 @@ MIN_CALIBRATION_RECORDS = 20
 #: of the next ones (a model upgraded behind its name, a prompt tuned in a scope).
 CALIBRATION_RECORDS = 5_000
 ONLINE, BATCH_API = "online", "batch_api"
+#: The most requests of one model whose prompts a plan has the server count (an even spread
+#: of them beyond): enough for a ratio within a percent, few enough to take a second.
+SERVER_COUNTED_AT_MOST = 256
 
 
 @dataclass
@@ -120,10 +134,45 @@ class ModelForecast:
     cost_by_delivery: dict[str, float | None]
     basis: str
     calibrated: bool
+    #: The prompt tokens as calibrated by the ledger (or the bound), whatever ``input_tokens``
+    #: came from; and how many of the requests a server counted exactly (0: none).
+    calibrated_input_tokens: int = 0
+    server_counted: int = 0
+
+
+@dataclass
+class ServerCount:
+    """What a server counted of one model's requests: the prompt tokens of ``counted`` of
+    them, whose estimates sum to ``estimated``; or ``unavailable``, why not."""
+
+    endpoint: str
+    counted: int = 0
+    tokens: int = 0
+    estimated: int = 0
+    unavailable: str | None = None
+
+
+def server_count(settings: InferenceSettings, requests: Sequence[RowRequest], model: str,
+                 counter: ServerCounter | None) -> ServerCount | None:
+    """The exact prompt tokens of ``requests`` (or of an even spread of
+    :data:`SERVER_COUNTED_AT_MOST` of them) as the first endpoint serving ``model`` with a
+    ``tokenize_route`` counts them; None where none has one (or no counter is given)."""
+    endpoint = next((e for e in settings.endpoints
+                     if e.tokenize_route and model in e.served_models), None)
+    if counter is None or endpoint is None or not requests:
+        return None
+    step = max(1, math.ceil(len(requests) / SERVER_COUNTED_AT_MOST))
+    sample = list(requests[::step])
+    try:
+        counts = counter(endpoint, sample)
+    except TokenCountUnavailable as exc:
+        return ServerCount(endpoint.name, unavailable=str(exc))
+    return ServerCount(endpoint.name, len(sample), sum(counts),
+                       sum(r.typical_prompt_tokens for r in sample))
 
 
 def forecast(settings: InferenceSettings, requests: Sequence[RowRequest], usage: PastUsage,
-             *, model: str, scope: str) -> ModelForecast:
+             *, model: str, scope: str, counted: ServerCount | None = None) -> ModelForecast:
     """The tokens and costs of one model's ``requests`` (see the module's docstring)."""
     estimated = sum(r.typical_prompt_tokens for r in requests)
     where = f"scope {scope!r}, model {model!r}" if scope else f"model {model!r} (no scope)"
@@ -142,6 +191,21 @@ def forecast(settings: InferenceSettings, requests: Sequence[RowRequest], usage:
         basis = (f"bound: 4 characters per token, max_tokens for every reply, nothing cached "
                  f"({usage.records} past records of {where}, fewer than "
                  f"{MIN_CALIBRATION_RECORDS})")
+    calibrated_input = input_tokens
+    if counted is not None and counted.unavailable is not None:
+        basis += (f"; prompt tokens not counted by {counted.endpoint}'s /tokenize "
+                  f"({counted.unavailable})")
+    elif counted is not None:
+        if counted.counted == len(requests):
+            input_tokens = counted.tokens
+            basis = (f"prompt tokens counted by {counted.endpoint}'s /tokenize, all "
+                     f"{counted.counted:,} requests (calibrated: {calibrated_input:,}); {basis}")
+        else:
+            ratio = counted.tokens / counted.estimated if counted.estimated else 1.0
+            input_tokens = round(estimated * ratio)
+            basis = (f"prompt tokens counted by {counted.endpoint}'s /tokenize for "
+                     f"{counted.counted:,} of {len(requests):,} requests, {ratio:.3f}x the "
+                     f"4-characters estimate (calibrated: {calibrated_input:,}); {basis}")
     costs: dict[str, float | None] = {
         ONLINE: _cost(online_price(settings, model), input_tokens, output, cached_share)}
     batch_endpoint = settings.batch_endpoint_for(model)
@@ -149,7 +213,8 @@ def forecast(settings: InferenceSettings, requests: Sequence[RowRequest], usage:
         costs[BATCH_API] = _cost(settings.price_at(model, batch_endpoint.name), input_tokens,
                                  output, cached_share, batch=True)
     return ModelForecast(len(requests), input_tokens, output, cached_share, costs, basis,
-                         usage.records >= MIN_CALIBRATION_RECORDS)
+                         usage.records >= MIN_CALIBRATION_RECORDS, calibrated_input,
+                         counted.counted if counted is not None else 0)
 
 
 def online_price(settings: InferenceSettings, model: str) -> Price | None:
@@ -241,13 +306,15 @@ def budget_needed(settings: InferenceSettings, requests: Sequence[RowRequest],
 
 
 def make_plan(settings: InferenceSettings, ledger: Ledger, counted: DryCount, *, scope: str,
-              delivery: str = ONLINE) -> Plan:
-    """The plan of the requests ``counted`` leaves to send, calibrated by ``ledger``."""
+              delivery: str = ONLINE, counter: ServerCounter | None = None) -> Plan:
+    """The plan of the requests ``counted`` leaves to send, calibrated by ``ledger``; with a
+    ``counter``, prompts counted by the endpoints that offer it (see :func:`server_count`)."""
     by_model: dict[str, list[RowRequest]] = {}
     for request in counted.to_send:
         by_model.setdefault(request.model, []).append(request)
     forecasts = {model: forecast(settings, requests, past_usage(ledger, scope, model),
-                                 model=model, scope=scope)
+                                 model=model, scope=scope,
+                                 counted=server_count(settings, requests, model, counter))
                  for model, requests in by_model.items()}
     # Nothing to send costs nothing whichever way it goes.
     offered = [ONLINE] + ([BATCH_API] if all(
@@ -273,6 +340,6 @@ def make_plan(settings: InferenceSettings, ledger: Ledger, counted: DryCount, *,
                                         cost_by_delivery.get(delivery), delivery))
 
 
-__all__ = ["BATCH_API", "MIN_CALIBRATION_RECORDS", "ONLINE", "DryCount", "ModelForecast",
-           "PastUsage", "Plan", "budget_needed", "forecast", "make_plan", "online_price",
-           "past_usage"]
+__all__ = ["BATCH_API", "MIN_CALIBRATION_RECORDS", "ONLINE", "SERVER_COUNTED_AT_MOST", "DryCount",
+           "ModelForecast", "PastUsage", "Plan", "ServerCount", "ServerCounter", "budget_needed",
+           "forecast", "make_plan", "online_price", "past_usage", "server_count"]
