@@ -5,6 +5,7 @@ rerun pays only for what was in flight. Duplicates are counted at the simulated 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -194,3 +195,26 @@ def test_with_default_settings_a_frozen_connection_is_given_up_after_30_s(throug
         _assert_every_row_once(outcome, df, sim)
         # the writes waited out the deadline on the frozen connections, then went on new ones
         assert 30 <= took < 30 + 30, f"{took:.0f} s"
+
+
+@pytest.mark.timeout(60)
+def test_a_run_whose_requests_were_all_sent_before_the_outage_fails_as_unwritable(
+        through_proxy):
+    """Every request claimed and sent before the database goes (here: all 40 in flight at
+    once when it is cut), so the only write left is the last one: past the outage bound it
+    fails the run with LedgerUnwritable, as the background writer would have (it raised the
+    driver's bare OperationalError: the default-settings test above failed 1 in 3 so)."""
+    proxy, store_url, table = through_proxy
+    with SimulatedEndpoint(latency_s=1.0, process=True) as sim:
+        settings = _settings(sim, store_url, table, ledger_outage_s=2.0)
+        settings = settings.replace(endpoints=tuple(
+            dataclasses.replace(e, max_concurrency=64) for e in settings.endpoints))
+        df = pd.DataFrame({"t": [f"all in flight row {i}" for i in range(40)]})
+        run = _Run(settings, df)
+        wait_until(lambda: sim.stats(log=False)["in_flight"] == 40, 30, "40 in flight")
+        proxy.cut()
+        outcome = run.join(30)
+    error = outcome.get("error")
+    assert isinstance(error, LedgerUnwritable), _why(outcome)
+    assert "could not be written for" in str(error) and "pg-SECRET" not in str(error)
+    assert sim.stats(log=False)["ok"] == 40  # every answer paid once, kept in the journal

@@ -228,16 +228,19 @@ class LedgerWriter:
         if self._other_failures >= _MAX_OTHER_FAILURES:
             self.error = exc
         elif down_s >= self.outage_s:
-            self.error = LedgerUnwritable(
-                f"the ledger database {self.where} could not be written for {down_s:.0f} s "
-                f"(last error: {type(exc).__name__}: {str(exc)[:300]}); answered requests "
-                "are kept in the journal and written by the next run")
+            self.error = self._unwritable(exc, down_s)
         elif now - self._warned_at >= _WARN_EVERY_S:
             self._warned_at = now
             self.log.warning(
                 f"batchllm: writing {records} ledger records to {self.where} failed; sending "
                 f"pauses and the write is retried for up to {self.outage_s:g} s: "
                 f"{type(exc).__name__}: {str(exc)[:300]}")
+
+    def _unwritable(self, exc: BaseException, down_s: float) -> LedgerUnwritable:
+        return LedgerUnwritable(
+            f"the ledger database {self.where} could not be written for {down_s:.0f} s "
+            f"(last error: {type(exc).__name__}: {str(exc)[:300]}); answered requests "
+            "are kept in the journal and written by the next run")
 
     def gave_up(self) -> Exception | None:
         """Why the writer gave up on the database (``error``), if it has: what else writes
@@ -264,6 +267,7 @@ class LedgerWriter:
             limit = max(0.0, limit - (time.monotonic() - self._failing_since))
         # On a stop (within_s) no single round trip may wait past the stop's own bound.
         round_trip_cap = None if within_s is None else max(0.5, within_s)
+        begun = time.monotonic()
         try:
             for attempt in tenacity.Retrying(
                 stop=tenacity.stop_after_delay(limit),
@@ -280,6 +284,13 @@ class LedgerWriter:
                          f"{len(records)} outcomes not written are answered from the journal "
                          "by the next run")
             if self.error is not None:  # the run gave up on the database already: say why
+                raise self.error from exc
+            if database_away(exc):
+                # The outage outlasted its bound here, in the last write: a run whose every
+                # request was sent (claimed before the database went) gets no further than
+                # this, and it fails as the background writer would have failed it.
+                started = self._failing_since if self._failing_since is not None else begun
+                self.error = self._unwritable(exc, time.monotonic() - started)
                 raise self.error from exc
             raise
 
