@@ -11,6 +11,8 @@ Example::
     500
     >>> Cascade.parse('{"proxy": "llama-8b", "oracle": "llama-70b", "sample": 200}').sample
     200
+    >>> Cascade.parse({"proxy": "llama-8b", "oracle": "llama-70b", "delta": 0.01}).delta
+    0.01
 """
 
 from __future__ import annotations
@@ -23,15 +25,20 @@ from typing import Any
 from ..core import InferenceConfigError
 
 _EXAMPLE = ("Cascade(proxy='llama-8b', oracle='llama-70b', target_precision=0.9, "
-            "target_recall=0.9, sample=500)")
+            "target_recall=0.9, sample=500, delta=0.05)")
 
 
 @dataclasses.dataclass(frozen=True)
 class Cascade:
-    """Every row to ``proxy`` with its confidence; a seeded random ``sample`` of rows also to
-    ``oracle``; thresholds learned on the sample so the result meets ``target_precision`` and
-    ``target_recall`` against the oracle's answers; rows between the thresholds to the oracle.
-    ``seed`` picks the sample (the same rows on every rerun)."""
+    """Every row to ``proxy`` with its confidence; a seeded random ``sample`` of rows (at most a
+    third of the call's distinct rows) also to ``oracle``; thresholds learned on the sample;
+    rows between the thresholds to the oracle. ``seed`` picks the sample (the same rows on every
+    rerun).
+
+    The guarantee: with probability at least ``1 - delta`` over the sample, the call's
+    precision and recall against the oracle's answers meet ``target_precision`` and
+    ``target_recall`` (``ai_classify``: its accuracy meets the larger of the two). A smaller
+    ``delta`` is surer and sends more rows to the oracle."""
 
     proxy: str
     oracle: str
@@ -39,6 +46,7 @@ class Cascade:
     target_recall: float = 0.9
     sample: int = 500
     seed: int = 0
+    delta: float = 0.05
 
     def __post_init__(self) -> None:
         for name in ("proxy", "oracle"):
@@ -58,6 +66,12 @@ class Cascade:
                 raise InferenceConfigError(
                     f"Cascade: '{name}' must be a number in (0, 1], got {value!r}.")
             object.__setattr__(self, name, float(value))
+        if isinstance(self.delta, bool) or not isinstance(self.delta, int | float) or not (
+                0.0 < float(self.delta) < 1.0):
+            raise InferenceConfigError(
+                f"Cascade: 'delta' (the chance the targets are missed) must be a number in "
+                f"(0, 1), such as 0.05, got {self.delta!r}.")
+        object.__setattr__(self, "delta", float(self.delta))
         for name, least in (("sample", 1), ("seed", 0)):
             value = getattr(self, name)
             if isinstance(value, float) and value.is_integer():

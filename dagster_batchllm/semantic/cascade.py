@@ -6,19 +6,28 @@ For one call's rows (every distinct text of it, at once: thresholds are learned 
    (:mod:`.scored`). Where the endpoint gives none, or the reply is unreadable or failed, the
    row has no confidence: it is uncertain and goes to the oracle (the documented fallback: no
    savings, but the oracle's answers);
-2. a seeded random **sample** of ``Cascade.sample`` rows (the rows whose SHA-256 of seed and
-   text is smallest, so the same rows in any order or engine) is also answered by the
-   **oracle**;
-3. thresholds are learned on the sample against the oracle's answers, with a margin: the
-   sample must reach each target plus 1.645 standard errors (:func:`with_margin`), so the
-   whole call reaches it too, not only the sample. ``ai_filter``: with
-   ``p`` the proxy's probability of *true*, rows with ``p >= true_at_or_above`` are true, rows
-   with ``p <= false_at_or_below`` false: ``false_at_or_below`` is the largest value that keeps
-   the sample's recall at ``target_recall``, then ``true_at_or_above`` the smallest that keeps
-   its precision at ``target_precision``. ``ai_classify``: rows whose label has confidence
-   ``>= accept_at_or_above`` keep the proxy's label, the smallest value at which the sample's
-   accuracy (micro precision = micro recall, one label a row) reaches the larger target;
+2. a seeded random **sample** of ``Cascade.sample`` rows, at most a third of the distinct rows
+   (:data:`SAMPLE_SHARE`), is also answered by the **oracle**: the rows whose SHA-256 of seed
+   and text is smallest, so the same rows in any order or engine;
+3. thresholds are learned on the sample (:func:`learn`) with exact (Clopper-Pearson) bounds
+   (:mod:`.guarantee`), so that the **guarantee** holds: *with probability at least
+   1 - delta over the sample, the call's precision and recall against the oracle's answers
+   meet the targets* (``ai_classify``: its accuracy meets the larger target). ``ai_filter``:
+   with ``p`` the proxy's probability of *true*, rows with ``p >= true_at_or_above`` are true,
+   rows with ``p <= false_at_or_below`` false; ``false_at_or_below`` is the largest value at
+   which the bound on the share of positives missed stays within 1 - ``target_recall``, then
+   ``true_at_or_above`` the smallest at which the bound on the share of false positives among
+   the rows called true stays within 1 - ``target_precision`` (``delta / 2`` each: a union
+   bound). ``ai_classify``: rows whose label has confidence ``>= accept_at_or_above`` keep the
+   proxy's label, the smallest value at which the bound on their wrong labels stays within
+   1 - target of every row. Each threshold is scanned from the safe end and stops at the first
+   value that fails (a fixed sequence of tests), so trying many values costs no extra error;
+   the precision threshold is learned given the recall one, on the same sample;
 4. the rows between the thresholds go to the oracle; sample rows take the oracle's answer.
+
+Where the sample is too small for the targets even with a proxy never wrong, the call's logger
+warns (every row is then likely to go to the oracle, the proxy and the sample paid for
+nothing), and ``CascadeReport.warning`` says so too.
 
 Every request goes through :meth:`InferenceClient.arun_call`: the pool, ledger and budgets,
 so a rerun pays nothing. The :class:`CascadeReport` says what was chosen and measured.
@@ -28,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -35,11 +45,16 @@ from typing import Any
 from ..ai_functions.calls import BoundCall, read_outcome
 from ..ai_functions.cascade_options import Cascade
 from ..core import InferenceStats, run_sync
+from . import guarantee
 from .scored import ScoredCall, ScoredReply, answer_confidence
 
 Outcome = tuple[Any, "str | None"]  # (value, "<error_type>: <reason>" or None)
 FILTER, CLASSIFY = "filter", "classify"
-MARGIN_Z = 1.645  # see with_margin
+# The sample is paid at the oracle's price whatever the proxy does: at a third of the rows the
+# best a cascade can do is about 0.33 of oracle-only plus the proxy, and a larger share spends
+# more on measuring the proxy than the tighter bounds can give back.
+SAMPLE_SHARE = 1 / 3
+_LOG = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +65,7 @@ class CascadeReport:
     proxy: str
     oracle: str
     rows: int  # distinct row texts the cascade answered
-    sample_size: int
+    sample_size: int  # the rows the oracle sampled: the sample asked, at most a third of rows
     thresholds: dict[str, float | None]
     sample_precision: float | None  # of the thresholds' rule on the sample, against the oracle
     sample_recall: float | None
@@ -59,6 +74,13 @@ class CascadeReport:
     oracle_cost_usd: float | None
     # The oracle's cost per row this call paid, times every row: what oracle-only would cost
     oracle_only_cost_usd: float | None
+    delta: float | None = None  # the guarantee's chance of failing
+    # The call's precision and recall (classify: accuracy) are at least these, with
+    # probability >= 1 - delta; None where the sample held none of the kind to measure
+    precision_bound: float | None = None
+    recall_bound: float | None = None
+    sample_requested: int | None = None  # Cascade.sample, before the cap on the rows
+    warning: str | None = None  # why the cascade could not save (see too_few_rows)
 
     @property
     def oracle_share(self) -> float:
@@ -139,19 +161,18 @@ async def acascade(client: Any, bound: BoundCall, texts: Sequence[str], cascade:
                         strict=True))
 
     everyone = list(range(len(distinct)))
+    warning = too_few_rows(kind, len(distinct), cascade)
+    if warning:
+        (logger or _LOG).warning(warning)
     proxy_answers = await ask(cascade.proxy, everyone, scored=True)
     proxied = [_proxy_point(strict, reply, error) for reply, error in proxy_answers]
-    sample = sample_indices(distinct, cascade.sample, cascade.seed)
+    sample = sample_indices(distinct, sample_size(len(distinct), cascade.sample), cascade.seed)
     oracle: dict[int, Outcome] = dict(zip(sample, [read_outcome(strict, raw) for raw in
                                                    await ask(cascade.oracle, sample, False)],
                                           strict=True))
     points = [(proxied[i], oracle[i][0]) for i in sample if oracle[i][1] is None]
-    if kind == FILTER:
-        thresholds, precision, recall = learn_filter(points, cascade.target_precision,
-                                                     cascade.target_recall)
-    else:
-        thresholds, precision, recall = learn_label(
-            points, max(cascade.target_precision, cascade.target_recall))
+    learned = learn(kind, points, proxied, cascade)
+    thresholds = learned.thresholds
     decided = [_decide(kind, thresholds, point) for point in proxied]
     unsure = [i for i in everyone if i not in oracle and decided[i] is None]
     for i, raw in zip(unsure, await ask(cascade.oracle, unsure, False), strict=True):
@@ -165,9 +186,12 @@ async def acascade(client: Any, bound: BoundCall, texts: Sequence[str], cascade:
                       else round(proxy_cost + oracle_cost, 9))
     report = CascadeReport(
         proxy=cascade.proxy, oracle=cascade.oracle, rows=len(distinct),
-        sample_size=len(sample), thresholds=thresholds, sample_precision=precision,
-        sample_recall=recall, oracle_rows=len(oracle), proxy_cost_usd=proxy_cost,
-        oracle_cost_usd=oracle_cost, oracle_only_cost_usd=oracle_only)
+        sample_size=len(sample), thresholds=thresholds,
+        sample_precision=learned.sample_precision, sample_recall=learned.sample_recall,
+        oracle_rows=len(oracle), proxy_cost_usd=proxy_cost, oracle_cost_usd=oracle_cost,
+        oracle_only_cost_usd=oracle_only, delta=cascade.delta,
+        precision_bound=learned.precision_bound, recall_bound=learned.recall_bound,
+        sample_requested=cascade.sample, warning=warning)
     return CascadeResult([by_text[t] for t in texts], report, stats)
 
 
@@ -225,72 +249,150 @@ def _decide(kind: str, thresholds: dict[str, float | None], point: _Point) -> An
 
 
 # -- learning the thresholds ------------------------------------------------------------------
-def learn_filter(points: list[tuple[_Point, Any]], target_precision: float,
-                 target_recall: float) -> tuple[dict[str, float | None], float | None,
-                                                float | None]:
-    """(thresholds, the sample's precision, its recall) for a yes/no predicate."""
-    scored = [(_p_true(point), truth is True) for point, truth in points]
-    positives = sum(truth for _, truth in scored)
-    values = sorted({p for p, _ in scored if p is not None})
-    positive_ps = sorted(p for p, truth in scored if truth and p is not None)
-    allowed_misses = math.floor((1.0 - with_margin(target_recall, positives)) * positives
-                                + 1e-9)
-    if len(positive_ps) <= allowed_misses:  # every proxy "no" may stand
-        low = values[-1] if values else None
+@dataclasses.dataclass(frozen=True)
+class Learned:
+    """The thresholds learned from a sample, and what they are worth."""
+
+    thresholds: dict[str, float | None]
+    sample_precision: float | None  # of the thresholds' rule on the sample, against the oracle
+    sample_recall: float | None
+    # Lower bounds on the call's precision and recall (classify: both its accuracy) that hold
+    # with probability >= 1 - delta; None where the sample had none of the kind to measure
+    precision_bound: float | None
+    recall_bound: float | None
+
+
+def sample_size(rows: int, requested: int) -> int:
+    """How many of ``rows`` distinct rows the oracle samples: ``requested``, at most a share
+    ``SAMPLE_SHARE`` of them (see there)."""
+    return max(0, min(requested, math.floor(rows * SAMPLE_SHARE)))
+
+
+def too_few_rows(kind: str, rows: int, cascade: Cascade) -> str | None:
+    """Why the proxy cannot decide a single row (so every row goes to the oracle, and the proxy
+    and the sample are paid for nothing), where the sample is too small for the targets even
+    with a proxy that is never wrong; None where it may save."""
+    size = sample_size(rows, cascade.sample)
+    if kind == FILTER:
+        target, alpha, of = max(cascade.target_precision, cascade.target_recall), \
+            cascade.delta / 2, "rows of each answer"
     else:
-        bound = positive_ps[allowed_misses]
-        below = [v for v in values if v < bound]
+        target = max(cascade.target_precision, cascade.target_recall)
+        alpha, of = cascade.delta, "rows"
+    least = guarantee.least_sample(1.0 - target, alpha)
+    if least is not None and size >= least:
+        return None
+    needs = ("a target of 1.0 allows no mistake, so no sample can vouch for the proxy"
+             if least is None else f"the targets need at least {least} sampled {of} before "
+             f"the proxy may decide any row (delta {cascade.delta})")
+    return (f"cascade: {rows} distinct rows allow a sample of {size} (at most "
+            f"{SAMPLE_SHARE:.0%} of the rows, asked {cascade.sample}); {needs}. Every row is "
+            "likely to go to the oracle: pass more rows at once, lower the targets or raise "
+            "delta, or call the oracle alone (model=).")
+
+
+def learn(kind: str, points: list[tuple[_Point, Any]], population: Sequence[_Point],
+          cascade: Cascade) -> Learned:
+    """The thresholds for ``kind`` from the sample's ``points`` (the proxy's answer, the
+    oracle's) over the ``population`` (the proxy's answer on every row of the call, the sample
+    among them): the one home of the rule, used by :func:`acascade` and its evaluations."""
+    if kind == FILTER:
+        return learn_filter(points, population, cascade.target_precision,
+                            cascade.target_recall, cascade.delta)
+    return learn_label(points, population,
+                       max(cascade.target_precision, cascade.target_recall), cascade.delta)
+
+
+def learn_filter(points: list[tuple[_Point, Any]], population: Sequence[_Point],
+                 target_precision: float, target_recall: float, delta: float) -> Learned:
+    """Thresholds for a yes/no predicate whose precision and recall meet the targets with
+    probability >= 1 - ``delta`` (``delta / 2`` for each bound).
+
+    Recall: the sample's positives are a uniform sample of the call's, so the share of them
+    the proxy misses (``p <= false_at_or_below``) bounds the call's miss rate; the threshold
+    rises through the proxy's values while that bound stays <= 1 - target (and stops at the
+    first value where it does not: a fixed sequence of tests, so the scan costs no extra
+    error). Precision: among the sample rows the result calls true (positives not missed, and
+    negatives at ``p >= true_at_or_above``), the share that are negatives bounds the call's;
+    the threshold falls while that bound stays <= 1 - target. The rows the oracle answers add
+    only true positives, so both bounds are conservative."""
+    alpha = delta / 2
+    scored = [(_p_true(point), truth is True) for point, truth in points]
+    values = sorted({p for p in map(_p_true, population) if p is not None})
+    positives = [p for p, truth in scored if truth]
+    positive_ps = sorted(p for p in positives if p is not None)
+    allowed_misses = guarantee.most_allowed(len(positives), 1.0 - target_recall, alpha)
+    low: float | None = None
+    if allowed_misses >= len(positive_ps):  # every proxy "no" may stand
+        low = values[-1] if values and allowed_misses >= 0 else None
+    elif allowed_misses >= 0:
+        below = [v for v in values if v < positive_ps[allowed_misses]]
         low = below[-1] if below else None
-    missed = sum(1 for p, truth in scored if truth and p is not None and low is not None
-                 and p <= low)
-    kept = positives - missed
+    missed = sum(1 for p in positive_ps if low is not None and p <= low)
+    kept = len(positives) - missed
     negative_ps = sorted((p for p, truth in scored if not truth and p is not None
                           and (low is None or p > low)), reverse=True)
-    aim = with_margin(target_precision, kept)
-    allowed_false = math.floor(kept * (1.0 - aim) / aim + 1e-9)
+    allowed_false = -1
+    while allowed_false < len(negative_ps) and guarantee.share_upper_bound(
+            allowed_false + 1, kept + allowed_false + 1, alpha) <= 1.0 - target_precision:
+        allowed_false += 1
     above = [v for v in values if low is None or v > low]
-    if len(negative_ps) <= allowed_false:
+    high: float | None = None
+    if allowed_false >= len(negative_ps):
         high = above[0] if above else None
-    else:
+    elif allowed_false >= 0:
         over = [v for v in above if v > negative_ps[allowed_false]]
         high = over[0] if over else None
-    false_positives = sum(1 for p, truth in scored if not truth and p is not None
-                          and high is not None and p >= high)
+    false_positives = sum(1 for p in negative_ps if high is not None and p >= high)
     precision = kept / (kept + false_positives) if kept + false_positives else None
-    recall = kept / positives if positives else None
-    return ({"true_at_or_above": high, "false_at_or_below": low}, _round(precision),
-            _round(recall))
+    recall = kept / len(positives) if positives else None
+    return Learned(
+        {"true_at_or_above": high, "false_at_or_below": low}, _round(precision),
+        _round(recall),
+        _round(1.0 - guarantee.share_upper_bound(false_positives, kept + false_positives,
+                                                 alpha)) if kept + false_positives else None,
+        _round(1.0 - guarantee.share_upper_bound(missed, len(positives), alpha))
+        if positives else None)
 
 
-def learn_label(points: list[tuple[_Point, Any]], target: float
-                ) -> tuple[dict[str, float | None], float | None, float | None]:
-    """(thresholds, the sample's precision, its recall) for one label a row (both: accuracy)."""
-    if not points:
-        return {"accept_at_or_above": None}, None, None
-    allowed = math.floor((1.0 - with_margin(target, len(points))) * len(points) + 1e-9)
-    by_confidence: dict[float, int] = {}
+def learn_label(points: list[tuple[_Point, Any]], population: Sequence[_Point], target: float,
+                delta: float) -> Learned:
+    """A threshold on the label's confidence whose accuracy (micro precision = micro recall,
+    one label a row) meets ``target`` with probability >= 1 - ``delta``.
+
+    The sample rows at confidence ``>= t`` are a uniform sample of the call's ``A(t)`` rows
+    there, so their share of wrong labels bounds the call's; ``A(t)`` times that bound is at
+    most ``(1 - target)`` of every row while ``t`` falls through the proxy's values (stopping at
+    the first that fails)."""
+    rows = len(population)
+    budget = (1.0 - target) * rows  # wrong labels the call may keep
+    confidences = sorted((p.confidence for p in population if p.confidence is not None),
+                         reverse=True)
+    wrong_at: dict[float, list[int]] = {}  # confidence -> [wrong, seen] in the sample
     for point, truth in points:
         if point.confidence is not None:
-            wrong = int(point.value != truth)
-            by_confidence[point.confidence] = by_confidence.get(point.confidence, 0) + wrong
-    accept, errors = None, 0
-    for confidence in sorted(by_confidence, reverse=True):
-        if errors + by_confidence[confidence] > allowed:
+            counts = wrong_at.setdefault(point.confidence, [0, 0])
+            counts[0] += int(point.value != truth)
+            counts[1] += 1
+    sampled = sorted(wrong_at, reverse=True)
+    accept, bound, errors, seen, at, share = None, None, 0, 0, 0, 1.0
+    for index, confidence in enumerate(confidences):
+        if index + 1 < len(confidences) and confidences[index + 1] == confidence:
+            continue  # a threshold takes every row at its value: A(t) counts them all
+        changed = False
+        while at < len(sampled) and sampled[at] >= confidence:
+            errors, seen, at = errors + wrong_at[sampled[at]][0], seen + wrong_at[
+                sampled[at]][1], at + 1
+            changed = True
+        if changed:
+            share = guarantee.share_upper_bound(errors, seen, delta)
+        if (index + 1) * share > budget + 1e-9:
             break
-        errors += by_confidence[confidence]
-        accept = confidence
-    accuracy = _round(1.0 - errors / len(points))
-    return {"accept_at_or_above": accept}, accuracy, accuracy
-
-
-def with_margin(target: float, rows: int) -> float:
-    """What the sample must reach so that the whole call reaches ``target``: the target plus
-    1.645 standard errors of a share measured on ``rows`` rows (a 95% one-sided bound, normal
-    approximation). Met exactly on the sample, a target is missed on the rest about half the
-    time."""
-    if rows <= 0:
-        return target
-    return min(1.0, target + MARGIN_Z * math.sqrt(target * (1.0 - target) / rows))
+        accept, bound = confidence, 1.0 - (index + 1) * share / rows
+    kept_errors = sum(w for c, (w, _) in wrong_at.items() if accept is not None and c >= accept)
+    accuracy = _round(1.0 - kept_errors / len(points)) if points else None
+    bound = _round(bound) if accept is not None else 1.0  # no row decided: the oracle's own
+    return Learned({"accept_at_or_above": accept}, accuracy, accuracy, bound, bound)
 
 
 def _round(value: float | None) -> float | None:

@@ -33,6 +33,13 @@ confidence is mostly right and low confidence mixed, and the two overlap. The or
 confidence 1 (logprob 0) on its answer tokens. A responder without logprobs (EchoResponder)
 replies ``"logprobs": null``, as an endpoint that does not give them.
 
+**Proxy profiles.** That is the default profile, ``"skewed"`` (right on ``proxy_accuracy`` of
+the texts). ``profile=`` picks another, each with its own accuracy (see
+:data:`PROXY_PROFILES`): ``"good"`` (85% right and calibrated: a confidence ``c``, drawn with
+mean 0.85, is right with probability ``c``), ``"weak"`` (75% right, and a fifth of the wrong
+answers, 5% of the rows, confidently wrong: confidence in [0.9, 1.0)) and ``"useless"`` (50%
+right, its confidence uniform on [0.5, 1.0) whether right or not).
+
 Example::
 
     from dagster_batchllm.simulator.labelled import KeywordTruth, LabelledResponder
@@ -77,13 +84,28 @@ class KeywordTruth:
         return next((v for k, v in self.keywords if k in lowered), self.default)
 
 
+# profile -> its share of right answers (None: ``proxy_accuracy``); see the module
+PROXY_PROFILES: dict[str, float | None] = {"skewed": None, "good": 0.85, "weak": 0.75,
+                                           "useless": 0.5}
+# the good profile's confidence 0.5 + 0.5 u^a has mean 0.5 + 0.5 / (1 + a): 0.85 at a = 3/7
+_CALIBRATED_POWER = 1 / 0.7 - 1
+_CONFIDENTLY_WRONG = 0.2  # the weak profile: the share of its wrong answers made at >= 0.9
+
+
 class LabelledResponder:
     """Serves ``oracle_models`` (always the truth) and ``proxy_models`` (the truth for a share
     ``proxy_accuracy`` of the texts, with logprobs that say how sure it is). See the module."""
 
     def __init__(self, truth: Truth, *, oracle_models: Sequence[str] = ("llama-70b",),
-                 proxy_models: Sequence[str] = ("llama-8b",), proxy_accuracy: float = 0.85,
-                 seed: int = 0):
+                 proxy_models: Sequence[str] = ("llama-8b",),
+                 proxy_accuracy: float | None = None, seed: int = 0, profile: str = "skewed"):
+        if profile not in PROXY_PROFILES:
+            raise ValueError(f"profile must be one of {sorted(PROXY_PROFILES)}, got {profile!r}")
+        if proxy_accuracy is not None and PROXY_PROFILES[profile] is not None:
+            raise ValueError(f"the {profile!r} profile is right on {PROXY_PROFILES[profile]} of "
+                             "the texts; proxy_accuracy= sets only the 'skewed' profile's")
+        proxy_accuracy = PROXY_PROFILES[profile] or (
+            0.85 if proxy_accuracy is None else proxy_accuracy)
         if not 0.0 <= proxy_accuracy <= 1.0:
             raise ValueError(f"proxy_accuracy must be within [0, 1], got {proxy_accuracy}")
         overlap = set(oracle_models) & set(proxy_models)
@@ -92,6 +114,7 @@ class LabelledResponder:
         self.truth = truth
         self.oracle_models, self.proxy_models = list(oracle_models), list(proxy_models)
         self.proxy_accuracy = proxy_accuracy
+        self.profile = profile
         self.seed = seed
         self._echo = EchoResponder(self.models())
 
@@ -103,8 +126,13 @@ class LabelledResponder:
         """A number in [0, 1) fixed by (seed, what, text): the same in every process."""
         return stable_hash(f"{self.seed}\x00{what}\x00{text}") / _SCALE
 
+    def _calibrated(self, text: str) -> float:
+        return 0.5 + 0.5 * self._draw("confidence", text) ** _CALIBRATED_POWER
+
     def proxy_is_right(self, text: str) -> bool:
         """Whether the proxy models agree with the truth on this row text."""
+        if self.profile == "good":  # right with the probability it states
+            return self._draw("right", text) < self._calibrated(text)
         return self._draw("right", text) < self.proxy_accuracy
 
     def confidence(self, model: str, text: str) -> float:
@@ -112,8 +140,14 @@ class LabelledResponder:
         if model not in self.proxy_models:
             return 1.0
         u = self._draw("confidence", text)
+        if self.profile == "good":
+            return self._calibrated(text)
+        if self.profile == "useless":
+            return 0.5 + 0.5 * u
         if self.proxy_is_right(text):
             return 0.55 + 0.45 * math.sqrt(u)
+        if self.profile == "weak" and self._draw("confidently", text) < _CONFIDENTLY_WRONG:
+            return 0.9 + 0.1 * u
         return 0.5 + 0.3 * u
 
     def _yes_no(self, truth: bool | str, messages: list[dict]) -> bool:

@@ -31,6 +31,8 @@ def test_a_filter_cascade_meets_its_targets_and_a_rerun_sends_nothing(labelled_s
     assert precision >= 0.9 and recall >= 0.9, (precision, recall, report)
     assert report.sample_size == 300 and report.rows == 3000
     assert report.sample_precision >= 0.9 and report.sample_recall >= 0.9
+    assert report.delta == 0.05 and report.warning is None
+    assert 0.0 < report.recall_bound <= report.sample_recall
     assert 0.0 < report.oracle_share < 0.6  # most rows stayed with the proxy
     low, high = report.thresholds["false_at_or_below"], report.thresholds["true_at_or_above"]
     assert low < high
@@ -63,6 +65,8 @@ def test_without_logprobs_every_row_goes_to_the_oracle(make_client):
                              cascade=Cascade(proxy=PROXY, oracle=ORACLE, sample=10))
         assert result.cascade.oracle_rows == 40 and result.cascade.oracle_share == 1.0
         assert sim.stats()["requests"] == 80
+        # 10 of 40 rows is too few for targets 0.9 to vouch for any proxy answer: it says so
+        assert "every row is likely to go to the oracle" in result.cascade.warning.lower()
 
 
 def test_the_sample_is_the_same_rows_in_any_order():
@@ -72,28 +76,62 @@ def test_the_sample_is_the_same_rows_in_any_order():
     assert {texts[i] for i in sample_indices(texts, 50, seed=2)} != chosen
 
 
-def test_thresholds_are_the_widest_that_meet_the_targets(monkeypatch):
-    from dagster_batchllm.semantic import cascade
+def test_thresholds_are_the_widest_the_exact_bounds_allow():
+    from dagster_batchllm.semantic.guarantee import most_allowed, share_upper_bound
 
-    assert cascade.with_margin(0.9, 100) == pytest.approx(0.9 + 1.645 * 0.03)
-    assert cascade.with_margin(0.9, 10) == 1.0  # too few rows to trust: no row is missed
-    monkeypatch.setattr(cascade, "MARGIN_Z", 0.0)  # the rule itself, targets met exactly
-    # p(true) and the oracle's answer: 10 positives, 10 negatives
+    # p(true) and the oracle's answer: 200 positives (10 at p 0.3), 200 negatives (10 at 0.7)
     points = [(_Point(p >= 0.5, max(p, 1 - p)), truth) for p, truth in
-              [(0.95, True)] * 8 + [(0.6, True), (0.3, True)]
-              + [(0.05, False)] * 8 + [(0.55, False), (0.7, False)]]
-    thresholds, precision, recall = learn_filter(points, 0.9, 0.9)
-    # one positive may be missed (p 0.3): every row below the next positive (0.6) is false
-    assert thresholds["false_at_or_below"] == pytest.approx(0.55)
-    assert recall == 0.9
-    # with 9 kept positives one false positive is allowed: 0.7 may be true, 0.6 then too
-    assert thresholds["true_at_or_above"] == pytest.approx(0.6)
-    assert precision == 0.9
+              [(0.95, True)] * 190 + [(0.3, True)] * 10
+              + [(0.05, False)] * 190 + [(0.7, False)] * 10]
+    population = [point for point, _ in points] + [_Point(True, 0.6), _Point(False, 0.6)]
+    learned = learn_filter(points, population, 0.9, 0.9, delta=0.05)
+    # up to 11 of 200 positives missed bounds the miss rate at <= 0.1 (at delta/2): all of 0.3
+    # may be false, and the rows up to just below the next positive's value (0.95) too
+    assert most_allowed(200, 0.1, 0.025) == 11
+    assert share_upper_bound(11, 200, 0.025) <= 0.1 < share_upper_bound(12, 200, 0.025)
+    assert learned.thresholds["false_at_or_below"] == pytest.approx(0.7)
+    assert learned.recall_bound == pytest.approx(1 - share_upper_bound(10, 200, 0.025), abs=1e-6)
+    assert learned.sample_recall == 0.95
+    # the positives kept (190) need no false positive: true from the next value above 0.7
+    assert learned.thresholds["true_at_or_above"] == pytest.approx(0.95)
+    assert learned.precision_bound == pytest.approx(1 - share_upper_bound(0, 190, 0.025),
+                                                    abs=1e-6)
+    # a surer guarantee (smaller delta) allows fewer misses: 0.3 stays false, 0.7 goes up
+    surer = learn_filter(points, population, 0.9, 0.9, delta=1e-6)
+    assert most_allowed(200, 0.1, 0.5e-6) < 10
+    assert surer.thresholds["false_at_or_below"] < 0.3
+    # one label a row: 300 right at 0.99, 15 wrong at 0.8, 15 wrong at 0.7; the call's wrong
+    # labels (rows at >= t times the bound on their share) must stay within 10% of all 330
     label_points = [(_Point("a", c), "a" if right else "b") for c, right in
-                    [(0.99, True)] * 9 + [(0.8, False)] + [(0.7, False)] * 5]
-    thresholds, accuracy, _ = learn_label(label_points, 0.9)
-    assert thresholds["accept_at_or_above"] == 0.8  # one error of 15 allowed
-    assert accuracy == pytest.approx(1 - 1 / 15, abs=1e-6)
+                    [(0.99, True)] * 300 + [(0.8, False)] * 15 + [(0.7, False)] * 15]
+    learned = learn_label(label_points, [p for p, _ in label_points], 0.9, delta=0.05)
+    assert learned.thresholds["accept_at_or_above"] == 0.8
+    assert 315 * share_upper_bound(15, 315, 0.05) <= 33 < 330 * share_upper_bound(30, 330, 0.05)
+    assert learned.sample_precision == learned.sample_recall == pytest.approx(1 - 15 / 330,
+                                                                             abs=1e-6)
+    assert learned.precision_bound == learned.recall_bound >= 0.9
+
+
+def test_a_sample_is_at_most_a_third_of_the_rows_and_too_few_rows_warn(caplog):
+    from dagster_batchllm.semantic.cascade import FILTER, sample_size, too_few_rows
+
+    assert sample_size(50, 500) == 16 and sample_size(4000, 500) == 500
+    cascade = Cascade(proxy=PROXY, oracle=ORACLE)
+    warning = too_few_rows(FILTER, 50, cascade)
+    assert "a sample of 16" in warning and "lower the targets" in warning
+    assert too_few_rows(FILTER, 4000, cascade) is None
+    assert "no mistake" in too_few_rows(FILTER, 4000, Cascade(proxy=PROXY, oracle=ORACLE,
+                                                               target_recall=1.0))
+
+
+def test_delta_is_checked_and_parsed():
+    assert Cascade(proxy=PROXY, oracle=ORACLE).delta == 0.05
+    assert Cascade.parse({"proxy": PROXY, "oracle": ORACLE, "delta": 0.01}).delta == 0.01
+    assert Cascade.parse(f'{{"proxy": "{PROXY}", "oracle": "{ORACLE}", "delta": 0.2}}'
+                         ).delta == 0.2
+    for wrong in (0, 1, 1.5, True, "0.05"):
+        with pytest.raises(InferenceConfigError, match="'delta'"):
+            Cascade(proxy=PROXY, oracle=ORACLE, delta=wrong)
 
 
 def test_mistakes_in_a_cascade_raise_before_anything_is_sent(labelled_sim, make_client):

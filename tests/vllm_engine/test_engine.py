@@ -66,24 +66,28 @@ def test_json_schema_output_through_vllms_structured_decoding_is_valid_for_every
 
 
 def test_a_cascade_reads_the_proxys_confidence_from_vllms_logprobs(vllm_settings):
-    rows = _rows(24)
+    # 60 rows, a sample of 20 (at most a third of them): with exact bounds at the default
+    # delta, 20 agreeing labels vouch for the proxy on every row at a target of 0.8
+    rows = _rows(60)
+    cascade = Cascade(proxy=PROXY, oracle=ORACLE, sample=20, target_precision=0.8,
+                      target_recall=0.8)
     with InferenceClient(vllm_settings()) as client:
-        kept = client.filter(rows, predicate="The customer is unhappy", columns=["text"],
-                             cascade=Cascade(proxy=PROXY, oracle=ORACLE, sample=8))
-        report = kept.cascade
-        assert report.rows == 24 and report.sample_size == 8
+        labelled = client.classify(rows, labels=["refund", "delivery", "other"], column="text",
+                                   cascade=cascade)
+        report = labelled.cascade
+        assert report.rows == 60 and report.sample_size == 20 and report.warning is None
         records = client.ledger.records()
         proxied = records[records["model"] == PROXY]
-        assert len(proxied) == 24
+        assert len(proxied) == 60
         assert (proxied["status"] == "ok").all(), proxied["error"].dropna().tolist()
         for raw in proxied["response"]:
             stored = json.loads(raw)
             # Each reply keeps vLLM's tokens and their logprobs: the proxy's confidence.
             assert stored["logprobs"], stored
             assert all(logprob <= 0.0 for _, logprob in stored["logprobs"])
-        # One model under two names answers the sample alike: the thresholds trust the proxy,
+        # One model under two names answers the sample alike: the threshold trusts the proxy,
         # so the oracle (10x the price) answers fewer rows than all.
-        assert report.sample_precision in (None, 1.0) or report.sample_precision >= 0.9
+        assert report.sample_precision == 1.0, report
         assert report.oracle_rows < report.rows, report
         assert 0 < report.proxy_cost_usd < report.oracle_only_cost_usd
 
