@@ -27,6 +27,7 @@ from ..redaction import Redactor
 from ..requests import RowRequest
 from ..settings import EndpointSpec
 from ..usage import figure_in_words, prompt_bound, token_figure
+from .transport import json_headers
 
 TOKENIZE_ROUTE = "/tokenize"
 #: Requests counted at once: the route is cheap for the server, but a plan is no reason to
@@ -73,9 +74,6 @@ async def server_token_counts(endpoint: EndpointSpec, requests: Sequence[RowRequ
 
     url = tokenize_url(endpoint.base_url)
     redact = Redactor.of([endpoint])
-    headers = {"Content-Type": "application/json"}
-    if endpoint.api_key:
-        headers["Authorization"] = f"Bearer {endpoint.api_key}"
     bodies = [tokenize_body(r) for r in requests]
     if None in bodies:
         raise TokenCountUnavailable("a request has no chat messages or prompt to count")
@@ -109,7 +107,7 @@ async def server_token_counts(endpoint: EndpointSpec, requests: Sequence[RowRequ
                 f"{prompt_bound(request)}: not a count the plan can use")
         return figure
 
-    async with aiohttp.ClientSession(headers=headers,
+    async with aiohttp.ClientSession(headers=json_headers(endpoint),
                                      timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         return list(await asyncio.gather(*(count(session, r, b)
                                            for r, b in zip(requests, bodies, strict=True))))

@@ -170,6 +170,14 @@ def _timeout_error(endpoint: str, timeout_s: float) -> EndpointError:
     )
 
 
+def json_headers(endpoint: EndpointSpec) -> dict[str, str]:
+    """The headers of a JSON request to ``endpoint``: its content type and bearer token."""
+    headers = {"Content-Type": "application/json"}
+    if endpoint.api_key:
+        headers["Authorization"] = f"Bearer {endpoint.api_key}"
+    return headers
+
+
 class AiohttpTransport:
     """One keep-alive connection pool per endpoint, sized to its ``max_concurrency``."""
 
@@ -191,13 +199,10 @@ class AiohttpTransport:
         self._bound = ReplyBound(route, self._max_reply_bytes)
         for spec in endpoints:
             self._urls[spec.name] = spec.base_url.rstrip("/") + route
-            headers = {"Content-Type": "application/json"}
-            if spec.api_key:
-                headers["Authorization"] = f"Bearer {spec.api_key}"
             self._sessions[spec.name] = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=spec.max_concurrency, limit_per_host=0),
                 timeout=aiohttp.ClientTimeout(total=self._timeout_s),
-                headers=headers,
+                headers=json_headers(spec),
                 skip_auto_headers=("User-Agent",),
             )
 

@@ -196,16 +196,16 @@ def forecast(settings: InferenceSettings, requests: Sequence[RowRequest], usage:
         basis += (f"; prompt tokens not counted by {counted.endpoint}'s /tokenize "
                   f"({counted.unavailable})")
     elif counted is not None:
-        if counted.counted == len(requests):
-            input_tokens = counted.tokens
-            basis = (f"prompt tokens counted by {counted.endpoint}'s /tokenize, all "
-                     f"{counted.counted:,} requests (calibrated: {calibrated_input:,}); {basis}")
-        else:
-            ratio = counted.tokens / counted.estimated if counted.estimated else 1.0
-            input_tokens = round(estimated * ratio)
-            basis = (f"prompt tokens counted by {counted.endpoint}'s /tokenize for "
-                     f"{counted.counted:,} of {len(requests):,} requests, {ratio:.3f}x the "
-                     f"4-characters estimate (calibrated: {calibrated_input:,}); {basis}")
+        # The counted requests' tokens, scaled to the rest by their ratio to the estimate
+        # (when every request was counted: their sum, exactly).
+        everyone = counted.counted == len(requests)
+        ratio = counted.tokens / counted.estimated if counted.estimated else 1.0
+        input_tokens = counted.tokens if everyone else round(estimated * ratio)
+        which = (f", all {counted.counted:,} requests" if everyone else
+                 f" for {counted.counted:,} of {len(requests):,} requests, {ratio:.3f}x the "
+                 "4-characters estimate")
+        basis = (f"prompt tokens counted by {counted.endpoint}'s /tokenize{which} "
+                 f"(calibrated: {calibrated_input:,}); {basis}")
     costs: dict[str, float | None] = {
         ONLINE: _cost(online_price(settings, model), input_tokens, output, cached_share)}
     batch_endpoint = settings.batch_endpoint_for(model)
